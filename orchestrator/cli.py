@@ -1,0 +1,186 @@
+"""The `bertctl` command line. One small function per verb; heavy imports happen inside them.
+
+stdout carries only what a script would consume (a script, an experiment id, JSON, a log);
+prose, tables and progress go to stderr. Exit codes: 0 success, 1 the work failed, 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from orchestrator import __version__
+from orchestrator.errors import UserError, WorkFailed
+
+
+def cmd_clusters(args: argparse.Namespace) -> int:
+    from orchestrator.clusters import cluster_files, load_cluster
+
+    for name in cluster_files():
+        try:
+            c = load_cluster(name).config
+            print(f"{name}\t{c.executor}\t{c.resources.nodes}x{c.resources.tasks_per_node}\t{c.description}")
+        except UserError as e:
+            print(f"{name}\tinvalid\t-\t{e}")
+    return 0
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    from orchestrator.clusters import load_cluster
+    from orchestrator.render import render
+
+    cluster = load_cluster(args.cluster, args.override)
+    sys.stdout.write(render(cluster, nexp=args.nexp, program="probe" if args.probe else "train"))
+    return 0
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from orchestrator import submit as submission
+    from orchestrator.clusters import load_cluster
+    from orchestrator.render import render
+
+    cluster = load_cluster(args.cluster, args.override)
+    program = "probe" if args.probe else "train"
+    if args.dry_run:
+        sys.stdout.write(render(cluster, nexp=args.nexp, program=program))
+        return 0
+    if args.test_only:
+        print(submission.test_only(cluster, args.nexp, program), file=sys.stderr)
+        return 0
+    exp = submission.submit(cluster, args.nexp, program)
+    print(f"submitted {exp.id}: {exp.nexp} run(s) on {exp.cluster}, job(s) {', '.join(exp.job_ids)}", file=sys.stderr)
+    print(f"  follow it: bertctl status {exp.id}   bertctl logs {exp.id} -f", file=sys.stderr)
+    print(exp.id)
+    if args.follow:
+        return follow(exp)
+    return 0
+
+
+def follow(exp) -> int:
+    """Stream each run's log in turn until the experiment ends; exit 0 only if every run succeeded."""
+    from orchestrator import logs, status
+
+    import time
+
+    for run in range(exp.nexp):
+        print(f"--- run {run} ---", file=sys.stderr)
+        logs.show(exp, run, rank=None, follow=True, out=sys.stderr)
+    final = status.collect([exp])[0]
+    while not final.state.finished:  # the runs are done; the job is wrapping up
+        time.sleep(logs.POLL_S)
+        final = status.collect([exp])[0]
+    print(f"{exp.id}: {final.state.value}", file=sys.stderr)
+    return 0 if final.state.value == "COMPLETED" else 1
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from orchestrator import experiments, status
+
+    exps = [experiments.find(args.experiment)] if args.experiment else experiments.load_all()
+    views = status.collect(exps)
+    if args.json:
+        print(json.dumps({"experiments": [v.as_json() for v in views]}, indent=2))
+    elif not views:
+        print(f"no experiments yet in {experiments.registry_dir()}", file=sys.stderr)
+    else:
+        status.print_table(views, stderr_console())
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    from orchestrator import experiments, logs
+
+    return logs.show(experiments.find(args.experiment), args.run, args.rank, args.follow)
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    import signal
+
+    from orchestrator import experiments, scheduler
+
+    exp = experiments.find(args.experiment)
+    if exp.executor == "local":
+        (exp.path / "job.cancelled").touch()
+        for job in exp.job_ids:
+            scheduler.signal_local(job, signal.SIGINT)
+    else:
+        try:
+            scheduler.cancel_slurm(sorted({j.split("_")[0] for j in exp.job_ids}))
+        except scheduler.SchedulerError as e:
+            raise WorkFailed(f"scancel failed: {e}") from None
+    print(f"cancelled {exp.id} (job(s) {', '.join(exp.job_ids)})", file=sys.stderr)
+    print(exp.id)
+    return 0
+
+
+def stderr_console():
+    """A rich console on stderr; wide when it is not a terminal, so batch logs do not fold tables."""
+    from rich.console import Console
+
+    return Console(stderr=True, width=None if sys.stderr.isatty() else 200)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="bertctl",
+        description="Train BERT the MLPerf way, from a laptop to a 1,024-GPU Slurm cluster.",
+        epilog="Exit codes: 0 success, 1 the work failed, 2 bad input. See `bertctl VERB --help`.",
+    )
+    parser.add_argument("--version", action="version", version=f"bertctl {__version__}")
+    verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
+
+    def verb(name: str, fn, help_: str) -> argparse.ArgumentParser:
+        p = verbs.add_parser(name, help=help_, description=help_)
+        p.set_defaults(fn=fn)
+        return p
+
+    def cluster_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--cluster", required=True, help="a cluster name (see `bertctl clusters`) or a YAML file")
+        p.add_argument("-o", dest="override", action="append", default=[], metavar="KEY.PATH=VALUE",
+                       help="override one value of the cluster file, e.g. -o run.optim.lr=1e-3 (repeatable)")
+        p.add_argument("--nexp", type=_positive, default=1, help="number of runs (MLPerf BERT needs 10)")
+        p.add_argument("--probe", action="store_true",
+                       help="run the launch-path probe instead of training: every rank reports rank, node and devices")
+
+    verb("clusters", cmd_clusters, "list the cluster files, one line each")
+    cluster_args(verb("render", cmd_render, "print the exact script `submit` would submit"))
+    p = verb("submit", cmd_submit, "submit an experiment of NEXP runs; prints its id")
+    cluster_args(p)
+    p.add_argument("--dry-run", action="store_true", help="print the script that would be submitted, submit nothing")
+    p.add_argument("--test-only", action="store_true", help="ask Slurm (sbatch --test-only) whether and when it would run")
+    p.add_argument("--follow", action="store_true", help="stay and stream the runs' logs until the experiment ends")
+    p = verb("status", cmd_status, "experiments and their runs: state, progress, last eval accuracy")
+    p.add_argument("experiment", nargs="?", help="an experiment id (or unique prefix, or `last`); default: all")
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout instead of the table")
+    p = verb("logs", cmd_logs, "print or follow a run's log")
+    p.add_argument("experiment", help="an experiment id (or unique prefix, or `last`)")
+    p.add_argument("--run", type=int, help="run index (default: the newest started run)")
+    p.add_argument("--rank", type=int, help="only this rank's lines")
+    p.add_argument("-f", "--follow", action="store_true", help="keep streaming until the run ends")
+    p = verb("cancel", cmd_cancel, "cancel an experiment's job(s)")
+    p.add_argument("experiment", help="an experiment id (or unique prefix, or `last`)")
+    return parser
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except UserError as e:
+        # one line, whatever the offending value contained
+        print(f"bertctl: error: {e}".replace("\n", "\\n"), file=sys.stderr)
+        return 2
+    except WorkFailed as e:
+        print(f"bertctl: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("bertctl: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,242 @@
+"""Cluster files: one YAML per system and scale, validated into a frozen `ClusterConfig`.
+
+A cluster file says where and how to run (Slurm resources, container, node environment, executor)
+and carries the training recipe tuned for that scale (`run:`, a `trainer.config.RunConfig`).
+`load_cluster` finds the file, applies `-o key.path=value` overrides and validates everything,
+cross-field checks included, before anything is written or submitted.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal, Optional
+
+from pydantic import AfterValidator, Field, model_validator
+
+from orchestrator import configfile, resources
+from orchestrator.errors import UserError
+from trainer.config import RunConfig, Section
+
+
+def _single_line(value: str) -> str:
+    """Values that land in `#SBATCH` lines or comments cannot be quoted across lines."""
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise ValueError("must be one line without control characters")
+    return value
+
+
+def _mount_path(value: str) -> str:
+    """pyxis joins mounts as `src:dst,src:dst`: a comma or colon inside a path would split it."""
+    _single_line(value)
+    if not value.startswith("/"):
+        raise ValueError(f"must be an absolute path, got {value!r}")
+    if "," in value or ":" in value:
+        raise ValueError(f"cannot contain ',' or ':' (pyxis mount syntax), got {value!r}")
+    return value
+
+
+OneLine = Annotated[str, AfterValidator(_single_line)]
+MountPath = Annotated[str, AfterValidator(_mount_path)]
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+TIME_RE = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$|^\d+$")
+
+
+class Resources(Section):
+    nodes: int = Field(ge=1)
+    tasks_per_node: int = Field(ge=1, description="ranks per node: one per GPU on a GPU cluster")
+    gpus_per_node: int = Field(0, ge=0)
+    cpus_per_task: Optional[int] = Field(None, ge=1)
+
+
+class SlurmConfig(Section):
+    partition: Optional[OneLine] = None
+    account: Optional[OneLine] = None
+    time_limit: OneLine = "01:00:00"
+    exclusive: bool = True
+    mem: Optional[OneLine] = "0"
+    extra_sbatch: list[OneLine] = []
+    # seconds before the time limit at which ranks get SIGUSR2 to checkpoint (submitit's mechanism)
+    signal_seconds: int = Field(90, ge=0)
+    max_requeues: int = Field(3, ge=0)
+    # loop: all NEXP runs one after another in one allocation (MLPerf style); array: one array task per run
+    nexp_mode: Literal["loop", "array"] = "loop"
+
+    @model_validator(mode="after")
+    def _well_formed(self) -> "SlurmConfig":
+        if not TIME_RE.match(self.time_limit):
+            raise ValueError(f"time_limit: must look like [D-]HH:MM:SS or minutes, got {self.time_limit!r}")
+        for flag in self.extra_sbatch:
+            if not flag.startswith("--"):
+                raise ValueError(f"extra_sbatch: entries are long options like --network=sharp, got {flag!r}")
+        return self
+
+
+class Mount(Section):
+    host: MountPath
+    container: MountPath
+
+
+class ContainerConfig(Section):
+    # pyxis: srun --container-image/--container-name (enroot); none: a bare venv or system Python
+    kind: Literal["pyxis", "none"] = "none"
+    image: Optional[str] = None
+    name: str = "language_model"
+    # pull the image once to a squashfs in this folder before the runs (NVIDIA's CONTAINER_PRELOAD_LUSTRE)
+    preload_dir: Optional[str] = None
+    mounts: list[Mount] = []
+    workdir: Optional[str] = None
+    python: str = "python3"
+    venv: Optional[str] = None
+
+    @model_validator(mode="after")
+    def _complete(self) -> "ContainerConfig":
+        if self.kind == "pyxis" and not self.image:
+            raise ValueError("image: kind pyxis needs an image (docker://... or a .sqsh path)")
+        if self.kind == "none" and (self.image or self.mounts or self.preload_dir):
+            raise ValueError("kind: image, mounts and preload_dir need kind pyxis")
+        if self.kind == "pyxis" and self.venv:
+            raise ValueError("venv: is for kind none (the container brings its own Python)")
+        if not NAME_RE.match(self.name):
+            raise ValueError(f"name: must be letters, digits, '_', '.' or '-', got {self.name!r}")
+        return self
+
+
+class Binding(Section):
+    """Per-rank CPU, memory and InfiniBand binding (NVIDIA's bind.sh policies)."""
+
+    cpu: Literal["none", "exclusive", "exclusive_nosmt", "node"] = "none"
+    mem: Literal["none", "node"] = "none"
+    ib: Literal["none", "single"] = "none"
+    ib_devices: list[str] = []
+
+    @model_validator(mode="after")
+    def _devices_for_ib(self) -> "Binding":
+        if self.ib == "single" and not self.ib_devices:
+            raise ValueError("ib_devices: ib single needs devices (e.g. [mlx5_0, mlx5_1])")
+        for dev in self.ib_devices:
+            if not NAME_RE.match(dev):
+                raise ValueError(f"ib_devices: entries are device names like mlx5_0, got {dev!r}")
+        return self
+
+
+class NodeConfig(Section):
+    env: dict[str, str] = {}
+    binding: Binding = Binding()
+    # drop: sync + drop the page cache on every node, then log cache_clear (MLPerf rules);
+    # log_only: only log cache_clear (what Samsung v1.1 did; for machines where you are not root)
+    clear_caches: Literal["drop", "log_only"] = "drop"
+
+    @model_validator(mode="after")
+    def _env_names(self) -> "NodeConfig":
+        for name in self.env:
+            if not ENV_NAME_RE.match(name):
+                raise ValueError(f"env: names must be shell identifiers, got {name!r}")
+        return self
+
+
+class ClusterConfig(Section):
+    name: str
+    description: OneLine = ""
+    executor: Literal["slurm", "local"] = "slurm"
+    resources: Resources
+    slurm: SlurmConfig = SlurmConfig()
+    container: ContainerConfig = ContainerConfig()
+    node: NodeConfig = NodeConfig()
+    # where experiments live (a shared filesystem on a real cluster); default $BERTCTL_HOME/experiments
+    experiments_dir: Optional[str] = None
+    run: RunConfig
+
+    @model_validator(mode="before")
+    @classmethod
+    def _derive_world_size(cls, data: Any) -> Any:
+        """The trainer's world size is the allocation's rank count, never typed by hand."""
+        if isinstance(data, dict) and isinstance(data.get("run"), dict) and isinstance(data.get("resources"), dict):
+            if "world_size" in data["run"]:
+                raise ValueError("run.world_size: is derived from resources.nodes x resources.tasks_per_node")
+            res = data["resources"]
+            if isinstance(res.get("nodes"), int) and isinstance(res.get("tasks_per_node"), int):
+                data = {**data, "run": {**data["run"], "world_size": res["nodes"] * res["tasks_per_node"]}}
+        return data
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ClusterConfig":
+        for problem in cluster_problems(self):
+            raise ValueError(problem)
+        return self
+
+    @property
+    def world_size(self) -> int:
+        return self.resources.nodes * self.resources.tasks_per_node
+
+
+def cluster_problems(c: ClusterConfig) -> list[str]:
+    """Combinations that cannot run, found before anything is written or submitted."""
+    problems = []
+    if not NAME_RE.match(c.name):
+        problems.append(f"name: must be letters, digits, '_', '.' or '-', got {c.name!r}")
+    if c.executor == "local":
+        if c.resources.nodes != 1:
+            problems.append(f"resources.nodes: executor local runs on this machine: must be 1, got {c.resources.nodes}")
+        if c.container.kind != "none":
+            problems.append("container.kind: executor local runs without a container: must be none")
+        if c.node.binding != Binding():
+            problems.append("node.binding: executor local does not bind ranks to CPUs or NICs")
+        if c.slurm.nexp_mode != "loop":
+            problems.append("slurm.nexp_mode: executor local runs the experiments one after another: must be loop")
+    rt, bal = c.run.runtime, c.run.balance
+    if rt.device == "cuda" and c.resources.gpus_per_node < c.resources.tasks_per_node:
+        problems.append(
+            f"resources.gpus_per_node: runtime.device cuda needs one GPU per rank, {c.resources.gpus_per_node} "
+            f"< tasks_per_node ({c.resources.tasks_per_node})"
+        )
+    if bal.exchange_padding == "group" and c.resources.tasks_per_node % bal.group_size:
+        problems.append(
+            f"run.balance.group_size: {bal.group_size} must divide resources.tasks_per_node "
+            f"({c.resources.tasks_per_node}) so that every exchange group stays inside one node"
+        )
+    return problems
+
+
+@dataclass(frozen=True)
+class LoadedCluster:
+    """A validated cluster and where it came from (for the script's header and the registry)."""
+
+    config: ClusterConfig
+    path: Path
+    source: str  # how to name the file in a rendered script: shipped files by their short name
+    overrides: tuple[str, ...]
+
+
+def cluster_files() -> dict[str, Path]:
+    """Every known cluster by name; user folders shadow shipped files of the same name."""
+    found: dict[str, Path] = {}
+    for folder in reversed(resources.search_dirs("clusters")):
+        for path in sorted(folder.glob("*.yaml")):
+            found[path.stem] = path
+    return dict(sorted(found.items()))
+
+
+def find_cluster_file(name: str) -> Path:
+    if name.endswith((".yaml", ".yml")) or "/" in name:
+        path = Path(name).expanduser()
+        if not path.is_file():
+            raise UserError("cluster file not found", where=name)
+        return path
+    known = cluster_files()
+    if name not in known:
+        raise UserError(f"unknown cluster '{name}' (known: {', '.join(known) or 'none'})", where="--cluster")
+    return known[name]
+
+
+def load_cluster(name: str, overrides: list[str] | tuple[str, ...] = ()) -> LoadedCluster:
+    path = find_cluster_file(name)
+    raw = configfile.read_mapping(path)
+    raw = configfile.apply_overrides(raw, list(overrides), ClusterConfig)
+    where = str(path) if not overrides else f"{path} (with -o {' -o '.join(overrides)})"
+    config = configfile.validate(ClusterConfig, raw, where)
+    shipped = resources.shipped_dir("clusters")
+    source = f"clusters/{path.name}" if path.resolve().parent == shipped.resolve() else str(path)
+    return LoadedCluster(config=config, path=path, source=source, overrides=tuple(overrides))

@@ -1,0 +1,169 @@
+"""Reading YAML config files into pydantic models, with `-o key.path=value` overrides.
+
+Every failure becomes a `UserError` naming the file (or the override), the dotted key and what was
+expected, so the CLI can print one line and exit 2. Used for cluster files and dataset manifests.
+"""
+
+from __future__ import annotations
+
+import re
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from orchestrator.errors import UserError
+
+
+KEYED_MESSAGE = re.compile(r"^(?P<key>[a-z_]+(\.[a-z_]+)*): (?P<rest>.*)$", re.S)
+
+
+def read_mapping(path: Path) -> dict[str, Any]:
+    """The YAML file's top-level mapping, or a UserError that says what is wrong with the file."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UserError("file not found", where=str(path)) from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise UserError(f"cannot read file: {e}", where=str(path)) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise UserError(f"{at}invalid YAML: {problem}", where=str(path)) from None
+    if not isinstance(data, dict):
+        raise UserError(f"expected a mapping of keys at the top level, got {type(data).__name__}", where=str(path))
+    return data
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str], model: type[BaseModel]) -> dict[str, Any]:
+    """A copy of `raw` with each `key.path=value` set; keys are checked against `model`'s schema.
+
+    Values are parsed as YAML scalars or lists (`1e-3`, `true`, `[6,3,2,5]`, `null`); the model's
+    validation then type-checks them like values from the file.
+    """
+    result = _deep_copy(raw)
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        where = f"-o {item}"
+        if not sep or not key:
+            raise UserError("expected key.path=value", where=where)
+        path = key.split(".")
+        check_key_path(model, path, where)
+        node = result
+        for part in path[:-1]:
+            child = node.get(part)
+            if not isinstance(child, dict):
+                child = {}
+                node[part] = child
+            node = child
+        node[path[-1]] = _parse_value(text)
+    return result
+
+
+def validate(model: type[BaseModel], raw: dict[str, Any], where: str) -> Any:
+    try:
+        return model.model_validate(raw)
+    except ValidationError as e:
+        raise first_error(e, model, where) from None
+
+
+def first_error(error: ValidationError, model: type[BaseModel], where: str) -> UserError:
+    """pydantic's first complaint as one line: the dotted key and what was expected."""
+    # a misspelled key also makes the real one "missing": the misspelling is the news
+    err = sorted(error.errors(include_url=False), key=lambda e: e["type"] != "extra_forbidden")[0]
+    loc = [str(p) for p in err["loc"]]
+    key = ".".join(loc) or None
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        parent = model_at(model, loc[:-1])
+        valid = ", ".join(sorted(parent.model_fields)) if parent else "?"
+        return UserError(f"unknown key '{loc[-1]}' (valid keys here: {valid})", where=where, key=key)
+    if kind == "missing":
+        return UserError("required key is missing", where=where, key=key)
+    message = err["msg"].removeprefix("Value error, ")
+    # cross-field checks name their own key ("train.global_batch_size: is 16 but ...")
+    named = KEYED_MESSAGE.match(message)
+    if named:
+        key = ".".join(loc + [named["key"]])
+        message = named["rest"]
+    if kind not in ("value_error", "assertion_error") and "input" in err and "got" not in message:
+        message += f", got {_short(err['input'])}"
+    return UserError(message, where=where, key=key)
+
+
+def check_key_path(model: type[BaseModel], path: list[str], where: str) -> None:
+    """Reject a dotted key that the schema does not have, listing the valid keys at that level."""
+    current: Any = model
+    for depth, part in enumerate(path):
+        if _is_free_mapping(current):
+            current = _value_type(current)
+            continue
+        if not _is_model(current):
+            raise UserError(f"'{'.'.join(path[:depth])}' is a value, not a section", where=where)
+        if part not in current.model_fields:
+            valid = ", ".join(sorted(current.model_fields))
+            prefix = ".".join(path[:depth])
+            here = f" under {prefix}" if prefix else ""
+            raise UserError(f"unknown key '{'.'.join(path)}' (valid keys{here}: {valid})", where=where)
+        if part in getattr(current, "derived_fields", ()):
+            raise UserError(f"'{'.'.join(path)}' is derived, not set: {current.derived_fields[part]}", where=where)
+        current = _unwrap(current.model_fields[part].annotation)
+
+
+def model_at(model: type[BaseModel], loc: list[str]) -> type[BaseModel] | None:
+    current: Any = model
+    for part in loc:
+        if _is_free_mapping(current):
+            current = _value_type(current)
+        elif _is_model(current) and part in current.model_fields:
+            current = _unwrap(current.model_fields[part].annotation)
+        else:
+            return None
+    return current if _is_model(current) else None
+
+
+def _unwrap(annotation: Any) -> Any:
+    """Optional[X] -> X, so that nested keys of optional sections can be overridden."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(args) == 1:
+        return args[0]
+    return annotation
+
+
+def _is_model(t: Any) -> bool:
+    return isinstance(t, type) and issubclass(t, BaseModel)
+
+
+def _is_free_mapping(t: Any) -> bool:
+    return typing.get_origin(t) is dict
+
+
+def _value_type(t: Any) -> Any:
+    return _unwrap(typing.get_args(t)[1])
+
+
+def _parse_value(text: str) -> Any:
+    try:
+        return yaml.safe_load(text) if text.strip() else None
+    except yaml.YAMLError:
+        return text
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _deep_copy(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _deep_copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_deep_copy(v) for v in value]
+    return value

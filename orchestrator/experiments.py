@@ -1,0 +1,156 @@
+"""The experiment registry: one directory per `bertctl submit`, with every write atomic.
+
+An experiment directory holds what was submitted and what the job writes:
+
+    experiment.json   id, cluster, executor, nexp, seeds, job ids, paths (this module)
+    cluster.yaml      the resolved cluster configuration, overrides applied
+    run.yaml          the run configuration every rank reads (the script also writes it)
+    job.sbatch        the rendered script, exactly as submitted (job.sh for the local executor)
+    results/result_N.txt, logs/run_N.log, runs/N.exit, checkpoints/   (written by the job)
+
+The registry is `$BERTCTL_HOME/experiments/`. A cluster with `experiments_dir` (a shared filesystem)
+keeps its experiments there, with a symlink in the registry.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from orchestrator import resources
+from orchestrator.errors import UserError
+
+RECORD = "experiment.json"
+
+
+@dataclass(frozen=True)
+class Experiment:
+    id: str
+    cluster: str
+    cluster_source: str
+    executor: str  # slurm | local
+    nexp: int
+    seeds: list[int]
+    program: str  # train | probe
+    overrides: list[str]
+    script: str  # file name of the rendered script inside the directory
+    created: float
+    dir: str
+    job_ids: list[str] = field(default_factory=list)  # one per run for arrays, else one
+    submitted: bool = False
+
+    @property
+    def path(self) -> Path:
+        return Path(self.dir)
+
+    def result_file(self, run: int) -> Path:
+        return self.path / "results" / f"result_{run}.txt"
+
+    def log_file(self, run: int) -> Path:
+        return self.path / "logs" / f"run_{run}.log"
+
+    def exit_file(self, run: int) -> Path:
+        return self.path / "runs" / f"{run}.exit"
+
+
+def registry_dir() -> Path:
+    return resources.bertctl_home() / "experiments"
+
+
+def new_id(cluster: str) -> str:
+    return f"{cluster}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+
+
+def create(exp: Experiment, files: dict[str, str], home: Path | None = None) -> Experiment:
+    """Write the experiment's files into a temporary directory, then rename it into place.
+
+    Either the whole directory appears or nothing does: an interrupted `submit` leaves no
+    half-written experiment behind.
+    """
+    final = Path(home) / exp.id if home else registry_dir() / exp.id
+    final.parent.mkdir(parents=True, exist_ok=True)
+    exp = replace(exp, dir=str(final))
+    staging = Path(tempfile.mkdtemp(prefix=f".{exp.id}.", dir=final.parent))
+    try:
+        for name, text in files.items():
+            (staging / name).write_text(text, encoding="utf-8")
+        _write_json(staging / RECORD, asdict(exp))
+        os.rename(staging, final)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    if home:  # keep the registry the one place to look
+        link = registry_dir() / exp.id
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(final, target_is_directory=True)
+    return exp
+
+
+def save(exp: Experiment) -> None:
+    _write_json(exp.path / RECORD, asdict(exp))
+
+
+def remove(exp: Experiment) -> None:
+    """Forget an experiment that never reached the scheduler."""
+    link = registry_dir() / exp.id
+    if link.is_symlink():
+        link.unlink()
+    shutil.rmtree(exp.path, ignore_errors=True)
+
+
+def load_all() -> list[Experiment]:
+    folder = registry_dir()
+    if not folder.is_dir():
+        return []
+    found = []
+    for entry in sorted(folder.iterdir()):
+        record = entry / RECORD
+        if not entry.name.startswith(".") and record.is_file():
+            found.append(_read(record))
+    return sorted(found, key=lambda e: e.created)
+
+
+def find(ref: str) -> Experiment:
+    """An experiment by id, by unique prefix, or `last` for the newest."""
+    everything = load_all()
+    if not everything:
+        raise UserError(f"no experiments in {registry_dir()} (bertctl submit creates them)", where=ref)
+    if ref == "last":
+        return everything[-1]
+    exact = [e for e in everything if e.id == ref]
+    matches = exact or [e for e in everything if e.id.startswith(ref)]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        known = ", ".join(e.id for e in everything[-5:])
+        raise UserError(f"no such experiment (newest: {known})", where=ref)
+    raise UserError(f"ambiguous: {len(matches)} experiments start with it ({', '.join(e.id for e in matches[:4])}, ...)", where=ref)
+
+
+def _read(path: Path) -> Experiment:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        return Experiment(**data)
+    except (OSError, ValueError, TypeError) as e:
+        raise UserError(f"unreadable experiment record: {e}", where=str(path)) from None
+
+
+def _write_json(path: Path, data: dict) -> None:
+    """Write to a temporary file in the same directory, fsync, then rename over the old one."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=2)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,78 @@
+"""`bertctl logs`: print or follow one run's log (all ranks, or one)."""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Callable, TextIO
+
+from orchestrator import status
+from orchestrator.errors import UserError
+from orchestrator.experiments import Experiment
+
+POLL_S = 0.5
+
+
+def default_run(exp: Experiment) -> int:
+    """The newest run that has started, else run 0."""
+    started = [i for i in range(exp.nexp) if (exp.path / "runs" / f"{i}.started").exists() or exp.log_file(i).exists()]
+    return max(started, default=0)
+
+
+def rank_filter(rank: int | None) -> Callable[[str], bool]:
+    """`srun -l` prefixes lines with `R: `; torchrun's tee with `[rankR]:`."""
+    if rank is None:
+        return lambda line: True
+    pattern = re.compile(rf"^\s*({rank}: |\[rank{rank}\]:)")
+    return lambda line: bool(pattern.match(line))
+
+
+def show(exp: Experiment, run: int | None, rank: int | None, follow: bool, out: TextIO = sys.stdout) -> int:
+    run = default_run(exp) if run is None else run
+    if not 0 <= run < exp.nexp:
+        raise UserError(f"experiment has runs 0..{exp.nexp - 1}", where="--run", key=str(run))
+    path = exp.log_file(run)
+    keep = rank_filter(rank)
+    if not follow:
+        if not path.exists():
+            raise UserError(f"run {run} has no log yet ({path})", where=exp.id)
+        _copy(path.read_text(errors="replace"), keep, out)
+        return 0
+    return _follow(exp, run, path, keep, out)
+
+
+def _follow(exp: Experiment, run: int, path: Path, keep, out: TextIO) -> int:
+    """Stream new lines until the run records its exit or the job is over."""
+    offset, pending = 0, ""
+    while True:
+        over = _run_over(exp, run)  # checked before reading, so nothing written before the end is missed
+        if path.exists():
+            with path.open("r", errors="replace") as f:
+                f.seek(offset)
+                chunk = f.read()
+                offset = f.tell()
+            text = pending + chunk
+            complete, _, pending = text.rpartition("\n")
+            if complete:
+                _copy(complete + "\n", keep, out)
+        if over:
+            if pending:
+                _copy(pending + "\n", keep, out)
+            return 0
+        time.sleep(POLL_S)
+
+
+def _run_over(exp: Experiment, run: int) -> bool:
+    if exp.exit_file(run).exists():
+        return True
+    rv = status.collect([exp])[0].runs[run]
+    return rv.state.finished
+
+
+def _copy(text: str, keep, out: TextIO) -> None:
+    for line in text.splitlines(keepends=True):
+        if keep(line):
+            out.write(line)
+    out.flush()

@@ -1,0 +1,217 @@
+"""`bertctl status`: experiments and their runs, from one scheduler query and the runs' own files.
+
+A run's state combines the job's state (sacct, or the local controller) with what the script left
+in the experiment directory: `runs/N.started` when run N began, `runs/N.exit` with its exit code.
+Progress and the last eval accuracy come from the run's MLPerf log.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import yaml
+
+from orchestrator import results, scheduler
+from orchestrator.experiments import Experiment
+from orchestrator.scheduler import JobInfo, State
+
+ERROR_LINE = re.compile(r"(?i)(error|exception|traceback|no such file|not found|killed|denied)")
+SRUN_PREFIX = re.compile(r"^\s*\d+: ")
+
+
+@dataclass
+class RunView:
+    run: int
+    state: State
+    seed: int
+    job_id: str
+    nodes: int | None
+    elapsed_s: float | None
+    samples: int | None = None
+    max_samples: int | None = None
+    accuracy: float | None = None
+    target: float | None = None
+    outcome: str | None = None  # the MLPerf run_stop status: success | aborted
+    error: str | None = None
+
+
+@dataclass
+class ExperimentView:
+    id: str
+    cluster: str
+    executor: str
+    program: str
+    created: float
+    state: State
+    job_ids: list[str]
+    runs: list[RunView] = field(default_factory=list)
+
+    def as_json(self) -> dict:
+        data = asdict(self)
+        data["state"] = self.state.value
+        for run in data["runs"]:
+            run["state"] = run["state"].value
+        return data
+
+
+def collect(exps: list[Experiment]) -> list[ExperimentView]:
+    """Views of these experiments, asking Slurm once for every job among them."""
+    slurm_ids = [j for e in exps if e.executor == "slurm" for j in e.job_ids]
+    try:
+        slurm = scheduler.query_slurm(slurm_ids)
+    except scheduler.SchedulerError as e:
+        slurm = {j: JobInfo(j, State.UNKNOWN, reason=str(e)) for j in slurm_ids}
+    return [view(e, slurm) for e in exps]
+
+
+def view(exp: Experiment, slurm: dict[str, JobInfo]) -> ExperimentView:
+    jobs = [job_info(exp, i, slurm) for i in range(exp.nexp)]
+    runs = [run_view(exp, i, job) for i, job in enumerate(jobs)]
+    # an experiment is over when its jobs are, even if every run already recorded its exit
+    states = [r.state for r in runs] + [j.state for j in jobs if not j.state.finished]
+    return ExperimentView(
+        id=exp.id, cluster=exp.cluster, executor=exp.executor, program=exp.program,
+        created=exp.created, state=overall_state(states), job_ids=exp.job_ids, runs=runs,
+    )
+
+
+def job_info(exp: Experiment, run: int, slurm: dict[str, JobInfo]) -> JobInfo:
+    if not exp.job_ids:
+        return JobInfo("", State.UNKNOWN)
+    job_id = exp.job_ids[run] if len(exp.job_ids) == exp.nexp else exp.job_ids[0]
+    if exp.executor == "local":
+        return scheduler.local_job_info(job_id, exp.path)
+    # just submitted: accounting has no record yet, but the job exists
+    return slurm.get(job_id) or JobInfo(job_id, State.PENDING, reason="not yet in accounting")
+
+
+def run_view(exp: Experiment, run: int, job: JobInfo) -> RunView:
+    started = exp.path / "runs" / f"{run}.started"
+    exit_file = exp.exit_file(run)
+    state = run_state(job, started.exists(), _read_exit(exit_file))
+    end = exit_file.stat().st_mtime if exit_file.exists() else time.time()
+    rv = RunView(
+        run=run, state=state, seed=exp.seeds[run], job_id=job.job_id, nodes=job.nodes,
+        elapsed_s=round(end - started.stat().st_mtime, 1) if started.exists() else None,
+    )
+    if exp.program == "train":
+        add_progress(rv, exp)
+    if state in (State.FAILED, State.TIMEOUT, State.UNKNOWN) or (state == State.CANCELLED and started.exists()):
+        rv.error = last_error(exp, run, job)
+    return rv
+
+
+def run_state(job: JobInfo, started: bool, exit_code: int | None) -> State:
+    if exit_code is not None:
+        return State.COMPLETED if exit_code == 0 else State.FAILED
+    if job.state.finished:
+        # the job is over and this run never recorded an exit: it shares the job's fate
+        return State.FAILED if job.state == State.COMPLETED else job.state
+    if job.state == State.RUNNING:
+        return State.RUNNING if started else State.PENDING  # waiting its turn in the NEXP loop
+    return job.state
+
+
+def overall_state(states: list[State]) -> State:
+    for s in (State.RUNNING, State.PENDING, State.UNKNOWN):
+        if s in states:
+            return s
+    for s in (State.FAILED, State.TIMEOUT, State.CANCELLED):
+        if s in states:
+            return s
+    return State.COMPLETED
+
+
+def add_progress(rv: RunView, exp: Experiment) -> None:
+    summary = results.summarize(exp.result_file(rv.run))
+    rv.samples = summary.samples
+    rv.accuracy = summary.last_accuracy
+    rv.outcome = summary.status
+    run = _run_config(exp)
+    rv.target = run.get("train", {}).get("target_accuracy")
+    rv.max_samples = run.get("train", {}).get("max_samples_termination")
+
+
+def last_error(exp: Experiment, run: int, job: JobInfo) -> str | None:
+    """The most telling line of the run's log (or the job's), for the status table."""
+    candidates = [exp.log_file(run), *sorted(exp.path.glob("slurm-*.out")), *sorted((exp.path / "submitit").glob("*_log.out"))]
+    for path in candidates:
+        line = _telling_line(path)
+        if line:
+            return line
+    return job.reason or None
+
+
+def _telling_line(path: Path) -> str | None:
+    try:
+        lines = path.read_text(errors="replace").splitlines()[-200:]
+    except OSError:
+        return None
+    lines = [SRUN_PREFIX.sub("", line).strip() for line in lines]
+    lines = [line for line in lines if line and not line.startswith("===")]
+    errors = [line for line in lines if ERROR_LINE.search(line)]
+    # srun's own summary ("srun: error: node1: tasks 0-1: Exited with exit code 1") says less
+    # than the task's message that caused it
+    own = [line for line in errors if not line.startswith(("srun: ", "slurmstepd: "))]
+    return (own or errors or lines or [None])[-1]
+
+
+def _read_exit(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _run_config(exp: Experiment) -> dict:
+    try:
+        return yaml.safe_load((exp.path / "run.yaml").read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        return {}
+
+
+def print_table(views: list[ExperimentView], console) -> None:
+    from rich.table import Table
+
+    table = Table(show_lines=False, header_style="bold")
+    for col in ("experiment", "run", "state", "job", "nodes", "elapsed", "seed", "samples", "eval acc", "note"):
+        table.add_column(col, overflow="fold")
+    for v in views:
+        for r in v.runs:
+            table.add_row(
+                v.id if r.run == 0 else "", str(r.run), _styled(r.state), r.job_id, _dash(r.nodes),
+                _duration(r.elapsed_s), str(r.seed), _samples(r), _accuracy(r), r.error or r.outcome or "",
+            )
+    console.print(table)
+
+
+def _styled(state: State) -> str:
+    color = {State.COMPLETED: "green", State.RUNNING: "cyan", State.PENDING: "yellow"}.get(state, "red")
+    return f"[{color}]{state.value}[/{color}]"
+
+
+def _dash(value) -> str:
+    return "-" if value is None else str(value)
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    m, s = divmod(int(seconds), 60)
+    h, m = divmod(m, 60)
+    return f"{h}:{m:02d}:{s:02d}"
+
+
+def _samples(r: RunView) -> str:
+    if r.samples is None:
+        return "-"
+    return f"{r.samples:,}" + (f" / {r.max_samples:,}" if r.max_samples else "")
+
+
+def _accuracy(r: RunView) -> str:
+    if r.accuracy is None:
+        return "-"
+    return f"{r.accuracy:.4f}" + (f" / {r.target:.3f}" if r.target else "")

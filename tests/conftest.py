@@ -1,0 +1,82 @@
+"""Shared fixtures. Every test gets its own $BERTCTL_HOME, so nothing touches ~/.bertctl."""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import subprocess
+import sys
+from contextlib import redirect_stderr, redirect_stdout
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+GOLDEN = Path(__file__).resolve().parent / "golden"
+
+
+@pytest.fixture(autouse=True)
+def bertctl_home(tmp_path, monkeypatch) -> Path:
+    home = tmp_path / "bertctl-home"
+    monkeypatch.setenv("BERTCTL_HOME", str(home))
+    monkeypatch.delenv("BERTCTL_CLUSTERS", raising=False)
+    return home
+
+
+@dataclass
+class CliResult:
+    code: int
+    out: str
+    err: str
+
+
+def run_cli(*args: str) -> CliResult:
+    """`bertctl ARGS` in this process (fast); stdout and stderr captured separately."""
+    from orchestrator.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as e:  # argparse usage errors
+            code = e.code if isinstance(e.code, int) else 2
+    return CliResult(code, out.getvalue(), err.getvalue())
+
+
+def run_bertctl(*args: str, env: dict | None = None, timeout: float = 120) -> CliResult:
+    """`bertctl ARGS` as a separate process, as a user would run it."""
+    full_env = {**os.environ, **(env or {})}
+    # the job uses the Python that submitted it: make sure its bin/ is on PATH like an activated venv
+    full_env["PATH"] = f"{Path(sys.executable).parent}:{full_env.get('PATH', '')}"
+    proc = subprocess.run(
+        [sys.executable, "-m", "orchestrator", *args], capture_output=True, text=True,
+        env=full_env, timeout=timeout, cwd=REPO,
+    )
+    return CliResult(proc.returncode, proc.stdout, proc.stderr)
+
+
+def slurm_is_up() -> bool:
+    if shutil.which("sinfo") is None:
+        return False
+    try:
+        out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return out.returncode == 0 and any(s in out.stdout for s in ("idle", "mixed", "alloc"))
+
+
+@pytest.fixture(scope="session")
+def slurm() -> None:
+    """The real local Slurm cluster. Started here if it is not up and we may; otherwise the test fails."""
+    if slurm_is_up():
+        return
+    if os.geteuid() == 0:
+        subprocess.run(["bash", str(REPO / ".ci" / "slurm.sh"), "start"], check=False, timeout=600)
+        if slurm_is_up():
+            return
+    pytest.fail(
+        "these tests need the local Slurm test cluster: run `sudo bash .ci/slurm.sh start` "
+        "(Debian 12; installs slurm-wlm, munge, mariadb) and try again"
+    )

@@ -1,0 +1,169 @@
+#!/bin/bash
+# Rendered by bertctl 0.1.0 from clusters/ci_slurm.yaml
+# ci_slurm: CI's 2-node local Slurm, 2 CPU ranks per node, gloo, group exchange + bucket clipping
+# 2 node(s) x 2 task(s) = 4 rank(s); 2 run(s), seeds 0, 1
+# Submit and track:  bertctl submit --cluster ci_slurm --nexp 2
+# By hand:  cd into an empty folder on a filesystem every node sees, then: sbatch <this file>
+#           (run.yaml, task.sh, results/, logs/ and runs/ are written next to where it was submitted)
+#SBATCH --job-name=bert-ci_slurm
+#SBATCH --nodes=2
+#SBATCH --ntasks-per-node=2
+#SBATCH --cpus-per-task=1
+#SBATCH --partition=debug
+#SBATCH --time=00:30:00
+#SBATCH --output=slurm-%j.out
+#SBATCH --signal=USR2@30
+#SBATCH --open-mode=append
+#SBATCH --requeue
+set -euo pipefail
+
+EXP_DIR=$PWD      # bertctl submits with --chdir=<experiment dir>
+NEXP=2
+SEEDS=(0 1)
+export EXP_DIR
+export PYTHON=${BERTCTL_PYTHON:-python3}
+MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+export MASTER_ADDR
+NTASKS=$((SLURM_JOB_NUM_NODES * 2))
+
+# ---- node environment (exported to every rank)
+export OMP_NUM_THREADS=1
+
+mkdir -p "$EXP_DIR/results" "$EXP_DIR/logs" "$EXP_DIR/runs"
+
+# ---- the resolved run configuration every rank reads: the whole recipe
+cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_7f118ecd1a816513'
+world_size: 4
+model:
+  num_layers: 2
+  hidden_size: 128
+  num_heads: 2
+  intermediate_size: 512
+  vocab_size: 8192
+  max_position_embeddings: 512
+  type_vocab_size: 2
+  hidden_dropout: 0.1
+  attention_dropout: 0.1
+  layer_norm_eps: 1.0e-12
+  initializer_range: 0.02
+data:
+  train_dir: $BERTCTL_HOME/datasets/sample/train
+  eval_dir: $BERTCTL_HOME/datasets/sample/eval
+  max_seq_length: 512
+  max_predictions_per_seq: 76
+  num_workers: 0
+  eval_samples: 1000
+optim:
+  name: lamb
+  lr: 0.002
+  betas:
+  - 0.9
+  - 0.999
+  epsilon: 1.0e-06
+  weight_decay: 0.01
+  schedule: nvidia
+  warmup_steps: 10
+  warmup_proportion: 0.0
+  start_warmup_step: 0
+  max_steps: 400
+  lr_max_steps: null
+  end_lr: 0.0
+  clip: bucket
+  max_grad_norm: 1.0
+train:
+  batch_size: 4
+  gradient_accumulation_steps: 1
+  global_batch_size: 16
+  eval_batch_size: 64
+  max_samples_termination: 6400
+  target_accuracy: 0.4
+  eval_every_samples: 800
+  eval_start_samples: 800
+  init_checkpoint: $BERTCTL_HOME/datasets/sample/phase1/model.pt
+  seed: 0
+  log_every_steps: 10
+balance:
+  stratified: false
+  bin_quotas: null
+  exchange_padding: group
+  group_size: 2
+  snake: true
+  packing: false
+runtime:
+  device: cpu
+  backend: gloo
+  precision: fp32
+  kernels: torch
+  unpad: false
+  dense_seq_output: true
+  nccl_warmup_steps: 0
+  init_loss_scale: 1048576.0
+  num_threads: 1
+checkpoint:
+  dir: null
+  keep: 3
+  every_steps: 0
+  save_final: false
+mlperf:
+  org: bertctl
+  division: open
+  status: research
+  platform: 2xCPU
+  ruleset: 5.0.0
+  legacy_keys: true
+BERTCTL_RUN_YAML_7f118ecd1a816513
+
+# Drop the page cache (root, or passwordless sudo for sysctl), as the MLPerf rules ask before each run.
+DROP_CACHES='sync && if [ "$(id -u)" -eq 0 ]; then /sbin/sysctl -q vm.drop_caches=3; else sudo -n /sbin/sysctl -q vm.drop_caches=3; fi'
+
+# ---- the per-rank launch
+cat > "$EXP_DIR/task.sh" <<'BERTCTL_TASK_9868c8e97e870785'
+#!/bin/bash
+# One rank: the trainer. Rank and world come from Slurm's or torchrun's variables.
+set -euo pipefail
+exec "$PYTHON" -u -m trainer --config "$EXP_DIR/run.yaml" --out "$EXP_DIR" --run-index "$BERTCTL_RUN_INDEX" --seed "$BERTCTL_SEED"
+BERTCTL_TASK_9868c8e97e870785
+
+CONTAINER=()
+
+on_every_node() { srun --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 "$@"; }
+
+# One MLPerf run: clear caches, log cache_clear once per node, then all ranks. A run that already
+# finished is skipped, so a requeued job picks up where it stopped. (Called as `run_one || ...`,
+# where bash ignores set -e: every step checks its own status.)
+run_one() {
+  local i=$1 seed=${SEEDS[$1]}
+  local result="$EXP_DIR/results/result_$i.txt" log="$EXP_DIR/logs/run_$i.log"
+  if [ -e "$EXP_DIR/runs/$i.exit" ]; then echo "run $i finished earlier: skipped"; return 0; fi
+  echo "=== run $i of $NEXP (seed $seed) on $SLURM_JOB_NUM_NODES node(s), $(date -Is)" | tee -a "$log"
+  if [ ! -e "$EXP_DIR/runs/$i.started" ]; then
+    rm -f "$result"
+    on_every_node bash -c "$DROP_CACHES" ||
+      { echo "error: could not drop the page cache (needs root or sudo; node.clear_caches=log_only only logs it)" | tee -a "$log"; return 1; }
+    on_every_node "${CONTAINER[@]}" "$PYTHON" -m trainer.mlperf cache-clear --file "$result" ||
+      { echo "error: could not log cache_clear to $result" | tee -a "$log"; return 1; }
+    touch "$EXP_DIR/runs/$i.started"
+  fi
+  export MASTER_PORT=$((20000 + SLURM_JOB_ID % 2000 * 16 + i % 16))
+  set +e
+  BERTCTL_RUN_INDEX=$i BERTCTL_SEED=$seed srun -l --kill-on-bad-exit=1 --distribution=block \
+    --ntasks="$NTASKS" --ntasks-per-node=2 "${CONTAINER[@]}" \
+    bash "$EXP_DIR/task.sh" 2>&1 | tee -a "$log"
+  local rc=${PIPESTATUS[0]}
+  set -e
+  if [ "$rc" -eq 75 ] && [ "${SLURM_RESTART_COUNT:-0}" -lt 3 ]; then
+    echo "run $i saved a checkpoint on SIGUSR2/SIGTERM: requeueing job $SLURM_JOB_ID" | tee -a "$log"
+    scontrol requeue "$SLURM_JOB_ID"
+    exit 0
+  fi
+  echo "=== run $i exited with $rc, $(date -Is)" | tee -a "$log"
+  echo "$rc" > "$EXP_DIR/runs/$i.exit"
+  return "$rc"
+}
+
+failed=0
+for ((i = 0; i < NEXP; i++)); do
+  run_one "$i" || failed=$((failed + 1))
+done
+echo "$((NEXP - failed)) of $NEXP run(s) succeeded"
+[ "$failed" -eq 0 ]

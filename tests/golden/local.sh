@@ -1,0 +1,133 @@
+#!/bin/bash
+# Rendered by bertctl 0.1.0 from clusters/local.yaml
+# local: this machine (local executor, CPU), small BERT on the embedded sample dataset
+# 1 node(s) x 1 task(s) = 1 rank(s); 2 run(s), seeds 0, 1
+# Submit and track:  bertctl submit --cluster local --nexp 2
+# By hand:  bash <this file>   (run.yaml, results/, logs/ and runs/ are written next to it)
+set -euo pipefail
+
+EXP_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+NEXP=2
+SEEDS=(0 1)
+export EXP_DIR
+export PYTHON=${BERTCTL_PYTHON:-python3}
+export BERTCTL_HOME=${BERTCTL_HOME:-$HOME/.bertctl}
+# the job's own exit status, for `bertctl status` (there is no scheduler to ask)
+trap 'echo $? > "$EXP_DIR/job.exit"' EXIT
+
+# ---- node environment (exported to every rank)
+# (none configured)
+
+mkdir -p "$EXP_DIR/results" "$EXP_DIR/logs" "$EXP_DIR/runs"
+
+# ---- the resolved run configuration every rank reads: the whole recipe
+cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_b30d5b9ebe6decb4'
+world_size: 1
+model:
+  num_layers: 2
+  hidden_size: 128
+  num_heads: 2
+  intermediate_size: 512
+  vocab_size: 8192
+  max_position_embeddings: 512
+  type_vocab_size: 2
+  hidden_dropout: 0.1
+  attention_dropout: 0.1
+  layer_norm_eps: 1.0e-12
+  initializer_range: 0.02
+data:
+  train_dir: $BERTCTL_HOME/datasets/sample/train
+  eval_dir: $BERTCTL_HOME/datasets/sample/eval
+  max_seq_length: 512
+  max_predictions_per_seq: 76
+  num_workers: 1
+  eval_samples: 1000
+optim:
+  name: lamb
+  lr: 0.002
+  betas:
+  - 0.9
+  - 0.999
+  epsilon: 1.0e-06
+  weight_decay: 0.01
+  schedule: nvidia
+  warmup_steps: 10
+  warmup_proportion: 0.0
+  start_warmup_step: 0
+  max_steps: 400
+  lr_max_steps: null
+  end_lr: 0.0
+  clip: local
+  max_grad_norm: 1.0
+train:
+  batch_size: 16
+  gradient_accumulation_steps: 1
+  global_batch_size: 16
+  eval_batch_size: 64
+  max_samples_termination: 6400
+  target_accuracy: 0.4
+  eval_every_samples: 800
+  eval_start_samples: 800
+  init_checkpoint: $BERTCTL_HOME/datasets/sample/phase1/model.pt
+  seed: 0
+  log_every_steps: 10
+balance:
+  stratified: false
+  bin_quotas: null
+  exchange_padding: none
+  group_size: 8
+  snake: true
+  packing: false
+runtime:
+  device: cpu
+  backend: gloo
+  precision: fp32
+  kernels: torch
+  unpad: false
+  dense_seq_output: true
+  nccl_warmup_steps: 0
+  init_loss_scale: 1048576.0
+  num_threads: 2
+checkpoint:
+  dir: null
+  keep: 3
+  every_steps: 0
+  save_final: false
+mlperf:
+  org: bertctl
+  division: open
+  status: research
+  platform: 1xCPU
+  ruleset: 5.0.0
+  legacy_keys: true
+BERTCTL_RUN_YAML_b30d5b9ebe6decb4
+
+
+# One run: clear caches, log cache_clear, then 1 rank(s) on this machine.
+# (Called as `run_one || ...`, where bash ignores set -e: every step checks its own status.)
+run_one() {
+  local i=$1 seed=${SEEDS[$1]}
+  local result="$EXP_DIR/results/result_$i.txt" log="$EXP_DIR/logs/run_$i.log"
+  if [ -e "$EXP_DIR/runs/$i.exit" ]; then echo "run $i finished earlier: skipped"; return 0; fi
+  echo "=== run $i of $NEXP (seed $seed), $(date -Is)" | tee -a "$log"
+  if [ ! -e "$EXP_DIR/runs/$i.started" ]; then
+    rm -f "$result"
+    "$PYTHON" -m trainer.mlperf cache-clear --file "$result" ||
+      { echo "error: could not log cache_clear to $result" | tee -a "$log"; return 1; }
+    touch "$EXP_DIR/runs/$i.started"
+  fi
+  set +e
+  BERTCTL_RUN_INDEX=$i BERTCTL_SEED=$seed "$PYTHON" -u -m trainer --config "$EXP_DIR/run.yaml" --out "$EXP_DIR" --run-index "$BERTCTL_RUN_INDEX" --seed "$BERTCTL_SEED" 2>&1 | tee -a "$log"
+  local rc=${PIPESTATUS[0]}
+  set -e
+  echo "=== run $i exited with $rc, $(date -Is)" | tee -a "$log"
+  echo "$rc" > "$EXP_DIR/runs/$i.exit"
+  return "$rc"
+}
+
+failed=0
+for ((i = 0; i < NEXP; i++)); do
+  run_one "$i" || failed=$((failed + 1))
+done
+echo "$((NEXP - failed)) of $NEXP run(s) succeeded"
+[ "$failed" -eq 0 ]

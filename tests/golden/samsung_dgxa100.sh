@@ -1,0 +1,177 @@
+#!/bin/bash
+# Rendered by bertctl 0.1.0 from clusters/samsung_dgxa100.yaml
+# samsung_dgxa100: Samsung MLPerf v1.1 BERT, 128x8 A100, ADAM, 4-bin stratified + node-local presort
+# 128 node(s) x 8 task(s) = 1024 rank(s); 10 run(s), seeds 0, 1, 2, 3, 4, 5, 6, 7, 8, 9
+# Submit and track:  bertctl submit --cluster samsung_dgxa100 --nexp 10
+# By hand:  cd into an empty folder on a filesystem every node sees, then: sbatch <this file>
+#           (run.yaml, task.sh, results/, logs/ and runs/ are written next to where it was submitted)
+#SBATCH --job-name=bert-samsung_dgxa100
+#SBATCH --nodes=128
+#SBATCH --ntasks-per-node=8
+#SBATCH --gpus-per-node=8
+#SBATCH --time=01:00:00
+#SBATCH --mem=0
+#SBATCH --output=slurm-%j.out
+#SBATCH --signal=USR2@90
+#SBATCH --open-mode=append
+#SBATCH --exclusive
+#SBATCH --requeue
+set -euo pipefail
+
+EXP_DIR=$PWD      # bertctl submits with --chdir=<experiment dir>
+NEXP=10
+SEEDS=(0 1 2 3 4 5 6 7 8 9)
+export EXP_DIR
+export PYTHON=python3
+MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
+export MASTER_ADDR
+NTASKS=$((SLURM_JOB_NUM_NODES * 8))
+
+# ---- node environment (exported to every rank)
+export NCCL_IB_HCA=mlx5_1,mlx5_0,mlx5_5,mlx5_2
+
+mkdir -p "$EXP_DIR/results" "$EXP_DIR/logs" "$EXP_DIR/runs"
+
+# ---- the resolved run configuration every rank reads: the whole recipe
+cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_c48b92fc90d164b3'
+world_size: 1024
+model:
+  num_layers: 24
+  hidden_size: 1024
+  num_heads: 16
+  intermediate_size: 4096
+  vocab_size: 30522
+  max_position_embeddings: 512
+  type_vocab_size: 2
+  hidden_dropout: 0.1
+  attention_dropout: 0.1
+  layer_norm_eps: 1.0e-12
+  initializer_range: 0.02
+data:
+  train_dir: /workspace/data_phase2
+  eval_dir: /workspace/evaldata
+  max_seq_length: 512
+  max_predictions_per_seq: 76
+  num_workers: 4
+  eval_samples: 10000
+optim:
+  name: adam
+  lr: 0.00039299421615882676
+  betas:
+  - 0.8003575444254268
+  - 0.8174653681457493
+  epsilon: 1.0e-09
+  weight_decay: 0.0028861703130042965
+  schedule: samsung
+  warmup_steps: 82
+  warmup_proportion: 0.0
+  start_warmup_step: -16
+  max_steps: 299
+  lr_max_steps: 179
+  end_lr: 4.94549100544884e-05
+  clip: bucket
+  max_grad_norm: 1.0
+train:
+  batch_size: 16
+  gradient_accumulation_steps: 1
+  global_batch_size: 16384
+  eval_batch_size: 16
+  max_samples_termination: 5000000
+  target_accuracy: 0.72
+  eval_every_samples: 325000
+  eval_start_samples: 325000
+  init_checkpoint: /workspace/phase1/model.ckpt-28252.pt
+  seed: 0
+  log_every_steps: 10
+balance:
+  stratified: true
+  bin_quotas:
+  - 6
+  - 3
+  - 2
+  - 5
+  exchange_padding: group
+  group_size: 8
+  snake: true
+  packing: false
+runtime:
+  device: cuda
+  backend: nccl
+  precision: fp16
+  kernels: apex
+  unpad: true
+  dense_seq_output: true
+  nccl_warmup_steps: 10
+  init_loss_scale: 131072.0
+  num_threads: null
+checkpoint:
+  dir: null
+  keep: 3
+  every_steps: 0
+  save_final: false
+mlperf:
+  org: SAMSUNG
+  division: open
+  status: onprem
+  platform: 128xNVIDIA DGX A100
+  ruleset: 5.0.0
+  legacy_keys: true
+BERTCTL_RUN_YAML_c48b92fc90d164b3
+
+# Drop the page cache (root, or passwordless sudo for sysctl), as the MLPerf rules ask before each run.
+DROP_CACHES='sync && if [ "$(id -u)" -eq 0 ]; then /sbin/sysctl -q vm.drop_caches=3; else sudo -n /sbin/sysctl -q vm.drop_caches=3; fi'
+
+# ---- the per-rank launch
+cat > "$EXP_DIR/task.sh" <<'BERTCTL_TASK_794363435f09893e'
+#!/bin/bash
+# One rank: CPU/memory/IB binding, then the trainer. Rank and world come from Slurm's or torchrun's variables.
+set -euo pipefail
+exec "$PYTHON" -m trainer.binding --cpu exclusive --mem node --ib none --tasks-per-node 8 -- "$PYTHON" -u -m trainer --config "$EXP_DIR/run.yaml" --out "$EXP_DIR" --run-index "$BERTCTL_RUN_INDEX" --seed "$BERTCTL_SEED"
+BERTCTL_TASK_794363435f09893e
+
+# ---- container (pyxis/enroot): created once per node, reused by name by every later step
+IMAGE=mlperf-nvidia:language_model
+srun --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 --container-image="$IMAGE" --container-name=language_model true
+CONTAINER=(--container-name=language_model --container-mounts="$EXP_DIR:$EXP_DIR",/data/bert_v1.0/partial_data/4bin:/workspace/data_phase2,/data/bert_v1.0/eval_10k_tf:/workspace/evaldata,/data/bert_v1.0/checkpointdir_phase1:/workspace/phase1 --container-workdir=/workspace/bert)
+
+on_every_node() { srun --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 "$@"; }
+
+# One MLPerf run: clear caches, log cache_clear once per node, then all ranks. A run that already
+# finished is skipped, so a requeued job picks up where it stopped. (Called as `run_one || ...`,
+# where bash ignores set -e: every step checks its own status.)
+run_one() {
+  local i=$1 seed=${SEEDS[$1]}
+  local result="$EXP_DIR/results/result_$i.txt" log="$EXP_DIR/logs/run_$i.log"
+  if [ -e "$EXP_DIR/runs/$i.exit" ]; then echo "run $i finished earlier: skipped"; return 0; fi
+  echo "=== run $i of $NEXP (seed $seed) on $SLURM_JOB_NUM_NODES node(s), $(date -Is)" | tee -a "$log"
+  if [ ! -e "$EXP_DIR/runs/$i.started" ]; then
+    rm -f "$result"
+    on_every_node bash -c "$DROP_CACHES" ||
+      { echo "error: could not drop the page cache (needs root or sudo; node.clear_caches=log_only only logs it)" | tee -a "$log"; return 1; }
+    on_every_node "${CONTAINER[@]}" "$PYTHON" -m trainer.mlperf cache-clear --file "$result" ||
+      { echo "error: could not log cache_clear to $result" | tee -a "$log"; return 1; }
+    touch "$EXP_DIR/runs/$i.started"
+  fi
+  export MASTER_PORT=$((20000 + SLURM_JOB_ID % 2000 * 16 + i % 16))
+  set +e
+  BERTCTL_RUN_INDEX=$i BERTCTL_SEED=$seed srun -l --kill-on-bad-exit=1 --distribution=block \
+    --ntasks="$NTASKS" --ntasks-per-node=8 "${CONTAINER[@]}" \
+    bash "$EXP_DIR/task.sh" 2>&1 | tee -a "$log"
+  local rc=${PIPESTATUS[0]}
+  set -e
+  if [ "$rc" -eq 75 ] && [ "${SLURM_RESTART_COUNT:-0}" -lt 3 ]; then
+    echo "run $i saved a checkpoint on SIGUSR2/SIGTERM: requeueing job $SLURM_JOB_ID" | tee -a "$log"
+    scontrol requeue "$SLURM_JOB_ID"
+    exit 0
+  fi
+  echo "=== run $i exited with $rc, $(date -Is)" | tee -a "$log"
+  echo "$rc" > "$EXP_DIR/runs/$i.exit"
+  return "$rc"
+}
+
+failed=0
+for ((i = 0; i < NEXP; i++)); do
+  run_one "$i" || failed=$((failed + 1))
+done
+echo "$((NEXP - failed)) of $NEXP run(s) succeeded"
+[ "$failed" -eq 0 ]

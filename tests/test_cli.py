@@ -1,0 +1,78 @@
+"""The command line as a user meets it: output contract, exit codes, no torch on the control plane."""
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from conftest import REPO, run_bertctl, run_cli
+
+
+def test_help_is_instant_and_imports_no_torch():
+    code = ("import sys, time; t = time.perf_counter(); from orchestrator.cli import main\n"
+            "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+            "print(time.perf_counter() - t, 'torch' in sys.modules, 'pydantic' in sys.modules, file=sys.stderr)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
+    seconds, torch_loaded, pydantic_loaded = proc.stderr.split()
+    assert torch_loaded == "False" and pydantic_loaded == "False"
+    assert float(seconds) < 0.5
+    assert "submit" in proc.stdout and "compliance" not in proc.stderr
+
+
+def test_render_and_status_never_import_torch(tmp_path):
+    code = ("import sys; from orchestrator.cli import main\n"
+            "main(['render', '--cluster', 'samsung_dgxa100', '--nexp', '10']); main(['status', '--json'])\n"
+            "print('torch' in sys.modules, file=sys.stderr)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                          env={**os.environ, "BERTCTL_HOME": str(tmp_path)})
+    assert proc.returncode == 0 and proc.stderr.strip() == "False"
+
+
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(bertctl_home):
+    for args in (["submit", "--cluster", "nope"],
+                 ["submit", "--cluster", "ci_slurm", "-o", "resources.nodes=3"],
+                 ["submit", "--cluster", "ci_slurm", "-o", "run.optim.lr=-1"],
+                 ["logs", "nothing-like-this"],
+                 ["status", "nothing-like-this"],
+                 ["cancel", "nothing-like-this"]):
+        result = run_cli(*args)
+        assert result.code == 2, args
+        assert result.out == "" and result.err.startswith("bertctl: error: ") and result.err.count("\n") == 1, args
+    assert not (bertctl_home / "experiments").exists() or not any((bertctl_home / "experiments").iterdir())
+
+
+def test_usage_errors_exit_2():
+    assert run_cli("submit").code == 2
+    assert run_cli("submit", "--cluster", "local", "--nexp", "0").code == 2
+    assert run_cli("frobnicate").code == 2
+
+
+def test_submit_without_slurm_says_so(monkeypatch, bertctl_home):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    result = run_cli("submit", "--cluster", "samsung_dgxa100", "--nexp", "10")
+    assert result.code == 2 and "sbatch not found" in result.err
+    assert not (bertctl_home / "experiments").exists()
+
+
+def test_clusters_lists_one_line_each():
+    result = run_cli("clusters")
+    lines = result.out.splitlines()
+    assert result.code == 0 and len(lines) == 6
+    assert lines[-1].split("\t")[:3] == ["samsung_dgxa100", "slurm", "128x8"]
+
+
+def test_a_normal_install_finds_templates_clusters_and_datasets(tmp_path):
+    """Build and install the wheel into a folder (not editable) and render from outside the checkout."""
+    target = tmp_path / "site"
+    build = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                            "--target", str(target), str(REPO)], capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr
+    env = {**os.environ, "PYTHONPATH": str(target)}
+    code = ("import orchestrator.resources as r, sys; from orchestrator.cli import main\n"
+            "assert str(r.shipped_dir('templates')).startswith(sys.argv[1]), r.shipped_dir('templates')\n"
+            "assert sorted(p.name for p in r.shipped_dir('datasets').glob('*.yaml')), 'no dataset manifests'\n"
+            "raise SystemExit(main(['render', '--cluster', 'nvidia_dgxa100_1x8']))")
+    proc = subprocess.run([sys.executable, "-c", code, str(target)], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "#SBATCH --nodes=1" in proc.stdout and "lr: 0.00035" in proc.stdout

@@ -1,0 +1,107 @@
+"""Cluster files: every shipped one is valid and carries the reference's values; bad input is one line."""
+
+import pytest
+
+from conftest import run_cli
+from orchestrator.clusters import cluster_files, load_cluster
+from orchestrator.errors import UserError
+
+SHIPPED = ["ci_slurm", "local", "nvidia_dgxa100_128x8", "nvidia_dgxa100_1x8", "nvidia_dgxa100_8x8", "samsung_dgxa100"]
+
+
+def test_every_shipped_cluster_loads():
+    assert sorted(cluster_files()) == SHIPPED
+    for name in SHIPPED:
+        c = load_cluster(name).config
+        assert c.run.world_size == c.resources.nodes * c.resources.tasks_per_node
+
+
+def test_samsung_recipe_is_the_submitted_one():
+    c = load_cluster("samsung_dgxa100").config
+    assert (c.resources.nodes, c.resources.tasks_per_node, c.resources.gpus_per_node) == (128, 8, 8)
+    r = c.run
+    assert r.train.global_batch_size == 16384 and r.train.batch_size == 16
+    assert r.optim.name == "adam" and r.optim.lr == 0.00039299421615882676
+    assert r.optim.betas == (0.8003575444254268, 0.8174653681457493)
+    assert (r.optim.warmup_steps, r.optim.start_warmup_step, r.optim.max_steps, r.optim.schedule_horizon) == (82, -16, 299, 179)
+    assert r.optim.end_lr == 0.0000494549100544884 and r.optim.epsilon == 1e-9
+    assert r.optim.weight_decay == 0.0028861703130042965 and r.optim.clip == "bucket"
+    assert r.balance.bin_quotas == [6, 3, 2, 5] and r.balance.exchange_padding == "group" and r.balance.group_size == 8
+    assert r.train.eval_interval == 325000 and r.train.max_samples_termination == 5_000_000
+    assert r.mlperf.division == "open"
+
+
+@pytest.mark.parametrize("name,nodes,batch,gbs,lr,steps,betas", [
+    ("nvidia_dgxa100_1x8", 1, 56, 448, 3.5e-4, 7100, (0.9, 0.999)),
+    ("nvidia_dgxa100_8x8", 8, 48, 3072, 1.5e-3, 1271, (0.83, 0.925)),
+    ("nvidia_dgxa100_128x8", 128, 3, 3072, 0.002, 1141, (0.66, 0.998)),
+])
+def test_nvidia_recipes(name, nodes, batch, gbs, lr, steps, betas):
+    c = load_cluster(name).config
+    assert c.resources.nodes == nodes and c.run.train.batch_size == batch
+    assert c.run.train.global_batch_size == gbs and c.run.optim.lr == lr
+    assert c.run.optim.max_steps == steps and c.run.optim.betas == betas
+    assert c.run.optim.name == "lamb" and c.run.mlperf.division == "closed"
+    assert c.container.kind == "pyxis"
+
+
+def test_overrides_are_type_checked_and_applied():
+    c = load_cluster("ci_slurm", ["run.optim.lr=1e-3", "run.balance.exchange_padding=none", "node.env.NCCL_DEBUG=INFO"]).config
+    assert c.run.optim.lr == 1e-3 and c.run.balance.exchange_padding == "none"
+    assert c.node.env["NCCL_DEBUG"] == "INFO" and c.node.env["OMP_NUM_THREADS"] == "1"
+
+
+@pytest.mark.parametrize("override,message", [
+    ("run.optim.lrr=1", "unknown key 'run.optim.lrr' (valid keys under run.optim: betas, clip, end_lr, epsilon, lr,"),
+    ("run.optim.lr=abc", "run.optim.lr: Input should be a valid number"),
+    ("resources.nodes=4", "run.train.global_batch_size: is 16 but ranks x batch_size x gradient_accumulation_steps = 8 x 4 x 1 = 32"),
+    ("run.world_size=8", "'run.world_size' is derived"),
+    ("run.runtime.precision=bf16", "run.runtime.precision: bf16 needs runtime.device=cuda"),
+    ("run.runtime.device=cuda", "resources.gpus_per_node: runtime.device cuda needs one GPU per rank"),
+    ("run.balance.group_size=4", "run.balance.group_size: 4 must divide resources.tasks_per_node"),
+    ("container.kind=pyxis", "container.image: kind pyxis needs an image"),
+    ("slurm.time_limit=soon", "slurm.time_limit: must look like"),
+    ("node.env.1X=a", "node.env: names must be shell identifiers"),
+    ("nonsense", "expected key.path=value"),
+    ("run.optim.lr.deeper=1", "'run.optim.lr' is a value, not a section"),
+])
+def test_bad_overrides_name_the_key_and_what_was_expected(override, message):
+    with pytest.raises(UserError) as info:
+        load_cluster("ci_slurm", [override])
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_unknown_cluster_lists_the_known_ones():
+    with pytest.raises(UserError, match="unknown cluster 'samsung' .known: ci_slurm, local, .*samsung_dgxa100"):
+        load_cluster("samsung")
+
+
+def test_user_cluster_folder_comes_first(tmp_path, monkeypatch):
+    text = (load_cluster("ci_slurm").path).read_text().replace("name: ci_slurm", "name: mine")
+    (tmp_path / "mine.yaml").write_text(text)
+    monkeypatch.setenv("BERTCTL_CLUSTERS", str(tmp_path))
+    loaded = load_cluster("mine")
+    assert loaded.config.name == "mine" and loaded.source == str(tmp_path / "mine.yaml")
+
+
+@pytest.mark.parametrize("content,message", [
+    ("name: x\n  bad: [indent", "invalid YAML"),
+    ("- a\n- b\n", "expected a mapping of keys at the top level, got list"),
+    ("name: x\n", "resources: required key is missing"),
+    ("name: x\nresoruces: {}\n", "unknown key 'resoruces' (valid keys here: container, description, executor, experiments_dir, name, node, resources, run, slurm)"),
+])
+def test_malformed_files_give_one_line_with_the_file(tmp_path, content, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(content)
+    result = run_cli("render", "--cluster", str(path))
+    assert result.code == 2 and result.out == ""
+    assert result.err.count("\n") == 1 and str(path) in result.err and message in result.err
+
+
+def test_missing_file_and_non_utf8(tmp_path):
+    assert "cluster file not found" in run_cli("render", "--cluster", str(tmp_path / "nope.yaml")).err
+    bad = tmp_path / "latin.yaml"
+    bad.write_bytes(b"name: caf\xe9\n")
+    result = run_cli("render", "--cluster", str(bad))
+    assert result.code == 2 and "cannot read file" in result.err

@@ -1,0 +1,76 @@
+"""The experiment registry: atomic creation and updates, lookup by id, prefix or `last`."""
+
+import dataclasses
+import os
+
+import pytest
+
+from orchestrator import experiments
+from orchestrator.errors import UserError
+from orchestrator.experiments import Experiment
+
+
+def make(cluster="c", created=1.0) -> Experiment:
+    return Experiment(id=experiments.new_id(cluster), cluster=cluster, cluster_source="x.yaml", executor="slurm",
+                      nexp=2, seeds=[0, 1], program="train", overrides=[], script="job.sbatch", created=created, dir="")
+
+
+def test_create_writes_everything_then_appears_at_once(bertctl_home):
+    exp = experiments.create(make(), {"job.sbatch": "#!/bin/bash\n", "run.yaml": "a: 1\n"})
+    assert exp.path == bertctl_home / "experiments" / exp.id
+    assert sorted(p.name for p in exp.path.iterdir()) == ["experiment.json", "job.sbatch", "run.yaml"]
+    assert experiments.find(exp.id) == exp
+
+
+def test_an_interrupted_create_leaves_nothing(bertctl_home, monkeypatch):
+    def crash(src, dst):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "rename", crash)
+    with pytest.raises(KeyboardInterrupt):
+        experiments.create(make(), {"job.sbatch": "x"})
+    assert list((bertctl_home / "experiments").iterdir()) == []
+    assert experiments.load_all() == []
+
+
+def test_save_replaces_the_record_atomically(bertctl_home, monkeypatch):
+    exp = experiments.create(make(), {})
+    updated = dataclasses.replace(exp, job_ids=["17"], submitted=True)
+    experiments.save(updated)
+    assert experiments.find(exp.id).job_ids == ["17"]
+
+    def crash(src, dst):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(OSError):
+        experiments.save(dataclasses.replace(updated, job_ids=["18"]))
+    assert experiments.find(exp.id).job_ids == ["17"]  # the old record is intact
+    assert [p.name for p in exp.path.iterdir() if p.name.startswith(".")] == []  # no temp file left
+
+
+def test_experiments_dir_of_a_cluster_is_linked_into_the_registry(bertctl_home, tmp_path):
+    shared = tmp_path / "lustre"
+    exp = experiments.create(make(), {"job.sbatch": "x"}, home=shared)
+    assert exp.path.parent == shared
+    assert (bertctl_home / "experiments" / exp.id).resolve() == exp.path.resolve()
+    assert experiments.find(exp.id).id == exp.id
+    experiments.remove(exp)
+    assert not exp.path.exists() and not (bertctl_home / "experiments" / exp.id).is_symlink()
+
+
+def test_find_by_prefix_last_and_errors():
+    first = experiments.create(make("alpha", created=1.0), {})
+    second = experiments.create(make("beta", created=2.0), {})
+    assert experiments.find("last").id == second.id
+    assert experiments.find("alpha").id == first.id
+    with pytest.raises(UserError, match="no such experiment"):
+        experiments.find("gamma")
+    experiments.create(make("alpha", created=3.0), {})
+    with pytest.raises(UserError, match="ambiguous: 2 experiments"):
+        experiments.find("alpha")
+
+
+def test_empty_registry_says_how_to_fill_it():
+    with pytest.raises(UserError, match="bertctl submit creates them"):
+        experiments.find("last")
