@@ -37,17 +37,18 @@ class EventLog:
             logger.addHandler(logging.StreamHandler(sys.stdout))
         self._mllogger = mllog.MLLogger(logger=logger, default_stack_offset=_STACK_OFFSET)
 
-    def event(self, key: str, value=None, metadata: dict | None = None) -> None:
-        self._emit(self._mllogger.event, key, value, metadata)
+    # time_ms: None for now; tests and log generators pass a virtual clock
+    def event(self, key: str, value=None, metadata: dict | None = None, time_ms: int | None = None) -> None:
+        self._emit(self._mllogger.event, key, value, metadata, time_ms)
 
-    def start(self, key: str, value=None, metadata: dict | None = None) -> None:
-        self._emit(self._mllogger.start, key, value, metadata)
+    def start(self, key: str, value=None, metadata: dict | None = None, time_ms: int | None = None) -> None:
+        self._emit(self._mllogger.start, key, value, metadata, time_ms)
 
-    def end(self, key: str, value=None, metadata: dict | None = None) -> None:
-        self._emit(self._mllogger.end, key, value, metadata)
+    def end(self, key: str, value=None, metadata: dict | None = None, time_ms: int | None = None) -> None:
+        self._emit(self._mllogger.end, key, value, metadata, time_ms)
 
-    def _emit(self, method, key, value, metadata) -> None:
-        method(key=key, value=value, metadata=metadata)
+    def _emit(self, method, key, value, metadata, time_ms) -> None:
+        method(key=key, value=value, metadata=metadata, time_ms=time_ms)
         for handler in self._mllogger.logger.handlers:
             handler.flush()
 

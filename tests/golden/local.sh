@@ -21,7 +21,7 @@ trap 'echo $? > "$EXP_DIR/job.exit"' EXIT
 mkdir -p "$EXP_DIR/results" "$EXP_DIR/logs" "$EXP_DIR/runs"
 
 # ---- the resolved run configuration every rank reads: the whole recipe
-cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_b30d5b9ebe6decb4'
+cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_e0f04c022a31e38f'
 world_size: 1
 model:
   num_layers: 2
@@ -68,7 +68,7 @@ train:
   target_accuracy: 0.4
   eval_every_samples: 800
   eval_start_samples: 800
-  init_checkpoint: $BERTCTL_HOME/datasets/sample/phase1/model.pt
+  init_checkpoint: $BERTCTL_HOME/datasets/sample/phase1_checkpoint/model.pt
   seed: 0
   log_every_steps: 10
 balance:
@@ -100,7 +100,7 @@ mlperf:
   platform: 1xCPU
   ruleset: 5.0.0
   legacy_keys: true
-BERTCTL_RUN_YAML_b30d5b9ebe6decb4
+BERTCTL_RUN_YAML_e0f04c022a31e38f
 
 
 # One run: clear caches, log cache_clear, then 1 rank(s) on this machine.

@@ -1,0 +1,2 @@
+"""Data: the HDF5 layouts (layout.py), datasets, samplers and batch collation for the trainer, and
+the preparation pipeline that produces the shards."""
