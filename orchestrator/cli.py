@@ -114,6 +114,107 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compliance_check(args: argparse.Namespace) -> int:
+    from orchestrator import resultset, verdict
+
+    rs = resultset.load(args.experiment, args.results)
+    report = verdict.assess(rs, ruleset=args.ruleset, werror=args.werror, with_score=not args.no_score)
+    verdict.print_report(report, stderr_console())
+    if args.json:
+        print(json.dumps(report.as_json(), indent=2))
+    return 0 if report.passed else 1
+
+
+def cmd_package(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from orchestrator import experiments, package, resultset
+
+    rs = resultset.from_experiment(experiments.find(args.experiment))
+    verdict = package.package(rs, args.org, Path(args.out), ruleset=args.ruleset, system_id=args.system)
+    package.print_verdict(verdict, stderr_console())
+    print(verdict.org_dir)
+    return 0 if verdict.passed else 1
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from orchestrator import plot, resultset
+
+    rs = resultset.load(args.experiment, args.results)
+    out = plot.plot(rs, Path(args.out) if args.out else plot.default_output(rs))
+    print(out)
+    return 0
+
+
+def cmd_data_prepare(args: argparse.Namespace) -> int:
+    from orchestrator import data
+
+    loaded = data.load_manifest(args.dataset, args.override)
+    result = data.prepare(loaded, cluster=args.cluster, workers=args.workers, force=args.force, wait=args.wait)
+    print(" ".join(result.job_ids) if result.state == "submitted" and not args.wait else result.root)
+    return 0
+
+
+def cmd_data_verify(args: argparse.Namespace) -> int:
+    from orchestrator import data
+
+    code, report = data.verify(data.load_manifest(args.dataset, args.override), args.json, args.stats_files)
+    (sys.stdout if args.json else sys.stderr).write(report)
+    return code
+
+
+def cmd_data_list(args: argparse.Namespace) -> int:
+    from orchestrator import data
+
+    for path in data.manifest_files().values():
+        print(data.describe(path))
+    return 0
+
+
+def cmd_convert_checkpoint(args: argparse.Namespace) -> int:
+    from orchestrator import data
+
+    print(data.convert_checkpoint(args.tf_checkpoint, args.bert_config, args.output))
+    return 0
+
+
+def add_data_verbs(verb) -> None:
+    """`bertctl data prepare|verify|list` and `bertctl convert-checkpoint`."""
+    p = verb("data", None, "prepare and verify datasets (see datasets/*.yaml)")
+    actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+
+    def dataset_args(q: argparse.ArgumentParser) -> None:
+        q.add_argument("--dataset", required=True, help="a dataset name (see `bertctl data list`) or a manifest YAML file")
+        q.add_argument("-o", dest="override", action="append", default=[], metavar="KEY.PATH=VALUE",
+                       help="override one value of the manifest, e.g. -o source.train=/data/tfrecords (repeatable)")
+
+    q = actions.add_parser("prepare", help="build a dataset (locally, or as Slurm job arrays with --cluster)",
+                           description="Build a dataset: locally with parallel worker processes, or as one Slurm job "
+                                       "array per stage. Finished files are kept: a second call returns at once. "
+                                       "stdout: the dataset folder (or the job ids when submitted without --wait).")
+    q.set_defaults(fn=cmd_data_prepare)
+    dataset_args(q)
+    q.add_argument("--cluster", help="run on this cluster's Slurm (a local-executor cluster runs here)")
+    q.add_argument("--workers", type=_positive, help="local worker processes (default: one per core)")
+    q.add_argument("--force", action="store_true", help="rebuild from scratch (removes what this dataset built before)")
+    q.add_argument("--wait", action="store_true", help="with a Slurm cluster: stay until the job arrays end")
+    q = actions.add_parser("verify", help="check a prepared dataset: counts, lengths, masking, NSP, checksums",
+                           description="Check a prepared dataset; exit 0 when every check passes, 1 otherwise. "
+                                       "The report goes to stderr (--json: to stdout as JSON).")
+    q.set_defaults(fn=cmd_data_verify)
+    dataset_args(q)
+    q.add_argument("--json", action="store_true", help="the checks as JSON on stdout")
+    q.add_argument("--stats-files", type=_positive, metavar="N", help="statistics from N files per output (large datasets)")
+    q = actions.add_parser("list", help="the dataset manifests, one line each")
+    q.set_defaults(fn=cmd_data_list)
+    p = verb("convert-checkpoint", cmd_convert_checkpoint, "convert a TensorFlow BERT checkpoint to PyTorch (no TensorFlow needed)")
+    p.add_argument("--tf-checkpoint", required=True, metavar="PREFIX", help="the checkpoint prefix, e.g. .../model.ckpt-28252")
+    p.add_argument("--bert-config", required=True, metavar="JSON", help="bert_config.json")
+    p.add_argument("--output", required=True, metavar="FILE", help="the PyTorch file to write ({'model': state_dict})")
+
+
 def stderr_console():
     """A rich console on stderr; wide when it is not a terminal, so batch logs do not fold tables."""
     from rich.console import Console
@@ -160,6 +261,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-f", "--follow", action="store_true", help="keep streaming until the run ends")
     p = verb("cancel", cmd_cancel, "cancel an experiment's job(s)")
     p.add_argument("experiment", help="an experiment id (or unique prefix, or `last`)")
+    p = verb("compliance-check", cmd_compliance_check,
+             "judge a set of runs with the official MLPerf tools: checker per log, olympic score, RCP")
+    p.add_argument("experiment", nargs="?", help="an experiment id (or unique prefix, or `last`)")
+    p.add_argument("--results", metavar="DIR", help="instead of an experiment: an MLPerf result tree or a folder of result_*.txt")
+    p.add_argument("--ruleset", help="the checker's ruleset (default: the experiment's, or a hint from the logs; "
+                                     "5.0.0 is the newest that accepts BERT)")
+    p.add_argument("--werror", action="store_true", help="the checker treats warnings as errors")
+    p.add_argument("--no-score", action="store_true", help="check each log only: any number of runs, no score, no RCP")
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout (the table still goes to stderr)")
+    p = verb("package", cmd_package, "write an experiment as an MLPerf submission package and run the package checker")
+    p.add_argument("experiment", help="an experiment id (or unique prefix, or `last`) with 10 runs")
+    p.add_argument("--org", required=True, help="the submitting organisation (the package's top folder)")
+    p.add_argument("--out", required=True, metavar="DIR", help="folder to write ORG/ into")
+    p.add_argument("--system", help="the system's id in the package (default: the cluster name)")
+    p.add_argument("--ruleset", help="the package checker's ruleset (default: the experiment's, 5.0.0)")
+    p = verb("plot", cmd_plot, "draw eval accuracy and throughput of every run as a PNG; prints its path")
+    p.add_argument("experiment", nargs="?", help="an experiment id (or unique prefix, or `last`)")
+    p.add_argument("--results", metavar="DIR", help="instead of an experiment: an MLPerf result tree or a folder of result_*.txt")
+    p.add_argument("--out", metavar="PNG", help="where to write the PNG (default: convergence.png in the experiment)")
+    add_data_verbs(verb)
     return parser
 
 

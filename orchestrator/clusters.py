@@ -137,6 +137,54 @@ class NodeConfig(Section):
         return self
 
 
+AVAILABILITY = Literal[
+    "Available on-premise", "Available cloud", "Research, Development, or Internal (RDI)", "Preview",
+]
+
+
+class SystemDescription(Section):
+    """The machine, as MLPerf's `systems/<system>.json` describes it (`bertctl package` writes that file).
+
+    One field per field mlperf_logging's system_desc_checker requires, except `submitter` and
+    `division`, which come from `bertctl package --org` and the runs' logs. `accelerator_on_chip_memories`
+    is written as `accelerator_on-chip_memories`. Counts per node; core and vCPU counts per processor.
+    `number_of_nodes` describes the whole machine; a package states the nodes its runs used
+    (resources.nodes, overrides included), so `-o resources.nodes=2` needs no edit here.
+    """
+
+    system_name: OneLine
+    status: AVAILABILITY  # the ruleset >= 4.0 availability categories
+    number_of_nodes: int = Field(ge=1)
+    host_processors_per_node: int = Field(ge=1)
+    host_processor_model_name: OneLine
+    host_processor_core_count: int = Field(ge=1)
+    host_processor_vcpu_count: int = Field(ge=1)
+    host_processor_frequency: OneLine
+    host_processor_caches: OneLine
+    host_processor_interconnect: OneLine
+    host_memory_capacity: OneLine
+    host_storage_type: OneLine
+    host_storage_capacity: OneLine
+    host_networking: OneLine
+    host_networking_topology: OneLine
+    host_memory_configuration: OneLine
+    accelerators_per_node: int = Field(ge=0)
+    accelerator_model_name: OneLine
+    accelerator_host_interconnect: OneLine
+    accelerator_frequency: OneLine
+    accelerator_on_chip_memories: OneLine
+    accelerator_memory_configuration: OneLine
+    accelerator_memory_capacity: OneLine
+    accelerator_interconnect: OneLine
+    accelerator_interconnect_topology: OneLine
+    cooling: OneLine
+    hw_notes: OneLine = ""
+    framework: OneLine
+    other_software_stack: OneLine  # e.g. "CUDA 11.4, NCCL 2.11, apex ..."
+    operating_system: OneLine
+    sw_notes: OneLine = ""
+
+
 class ClusterConfig(Section):
     name: str
     description: OneLine = ""
@@ -147,6 +195,8 @@ class ClusterConfig(Section):
     node: NodeConfig = NodeConfig()
     # where experiments live (a shared filesystem on a real cluster); default $BERTCTL_HOME/experiments
     experiments_dir: Optional[str] = None
+    # the system description of an MLPerf submission (bertctl package); optional until you package
+    system: Optional[SystemDescription] = None
     run: RunConfig
 
     @model_validator(mode="before")

@@ -23,12 +23,9 @@ import jinja2
 
 from orchestrator import __version__, resources
 from orchestrator.clusters import ClusterConfig, LoadedCluster
+from trainer.config import REQUEUE_EXIT_CODE
 
 Program = Literal["train", "probe"]
-
-# The trainer exits with this code after saving a checkpoint on SIGUSR2/SIGTERM (EX_TEMPFAIL):
-# the script then requeues the job and the run resumes from its checkpoint.
-REQUEUE_EXIT_CODE = 75
 
 
 @dataclass(frozen=True)
@@ -166,6 +163,11 @@ def heredoc(content: str, path: str, label: str) -> str:
 def comment(text: str) -> str:
     """Text safe inside a `#` comment: control characters (newlines) shown escaped."""
     return "".join(c if 32 <= ord(c) != 127 else repr(c)[1:-1] for c in str(text))
+
+
+def render_template(name: str, **ctx) -> str:
+    """Any shipped template in the same environment (StrictUndefined, `sh`, `comment`, `heredoc`)."""
+    return _environment().get_template(name).render(**ctx)
 
 
 @lru_cache(maxsize=1)

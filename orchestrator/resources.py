@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from trainer.config import DEFAULT_BERTCTL_HOME
+
 KINDS = ("templates", "clusters", "datasets")
 
 
@@ -23,7 +25,7 @@ def shipped_dir(kind: str) -> Path:
 
 def bertctl_home() -> Path:
     """Per-user state: the experiment registry and prepared datasets ($BERTCTL_HOME, ~/.bertctl)."""
-    return Path(os.environ.get("BERTCTL_HOME") or Path.home() / ".bertctl").expanduser()
+    return Path(os.environ.get("BERTCTL_HOME") or DEFAULT_BERTCTL_HOME).expanduser()
 
 
 def search_dirs(kind: str) -> list[Path]:

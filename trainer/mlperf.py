@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import sys
 from pathlib import Path
 
@@ -20,6 +21,8 @@ from mlperf_logging.mllog import constants as K
 
 # Two call frames sit between the caller and mllog: the public method and `_emit`.
 _STACK_OFFSET = 3
+# metadata.file is shown relative to the folder holding the `trainer` package (no machine paths)
+_ROOT = re.escape(str(Path(__file__).resolve().parent.parent))
 
 
 class EventLog:
@@ -35,7 +38,7 @@ class EventLog:
         logger.addHandler(logging.FileHandler(self.path, mode="a", encoding="utf-8"))
         if echo:
             logger.addHandler(logging.StreamHandler(sys.stdout))
-        self._mllogger = mllog.MLLogger(logger=logger, default_stack_offset=_STACK_OFFSET)
+        self._mllogger = mllog.MLLogger(logger=logger, default_stack_offset=_STACK_OFFSET, root_dir=_ROOT)
 
     # time_ms: None for now; tests and log generators pass a virtual clock
     def event(self, key: str, value=None, metadata: dict | None = None, time_ms: int | None = None) -> None:
@@ -56,6 +59,101 @@ class EventLog:
         for handler in list(self._mllogger.logger.handlers):
             handler.close()
             self._mllogger.logger.removeHandler(handler)
+
+
+class RunLogger:
+    """The events of one training run, in the order the official checker expects.
+
+    Only rank 0 writes (others get `enabled=False`). Keys and their order follow NVIDIA's and
+    Samsung's submitted logs and the rules of ruleset 5.0.0; with `legacy_keys` the log also
+    carries `opt_epsilon` and the `weights_initialization` records that rulesets 1.1.0-2.1.0
+    require, so one log passes every ruleset from 1.0.0 to 5.0.0 (for BERT-large).
+    """
+
+    def __init__(self, path: str | Path | None, enabled: bool, echo: bool = False):
+        self._log = EventLog(path, echo=echo) if enabled and path is not None else None
+
+    def _event(self, key, value=None, metadata=None):
+        if self._log:
+            self._log.event(key, value, metadata)
+
+    def init_start(self) -> None:
+        if self._log:
+            self._log.start(K.INIT_START)
+
+    def submission(self, mlperf) -> None:
+        """`mlperf`: trainer.config.MLPerfConfig. The division must come before init_stop."""
+        self._event(K.SUBMISSION_BENCHMARK, K.BERT)
+        self._event(K.SUBMISSION_ORG, mlperf.org)
+        self._event(K.SUBMISSION_DIVISION, mlperf.division)
+        self._event(K.SUBMISSION_STATUS, mlperf.status)
+        self._event(K.SUBMISSION_PLATFORM, mlperf.platform)
+
+    def hyperparameters(self, cfg, seed: int) -> None:
+        """`cfg`: trainer.config.RunConfig."""
+        t, o = cfg.train, cfg.optim
+        self._event(K.SEED, seed)
+        self._event(K.GLOBAL_BATCH_SIZE, t.global_batch_size)
+        self._event("d_batch_size", t.batch_size)
+        self._event(K.GRADIENT_ACCUMULATION_STEPS, t.gradient_accumulation_steps)
+        self._event(K.MAX_SEQUENCE_LENGTH, cfg.data.max_seq_length)
+        self._event("max_predictions_per_seq", cfg.data.max_predictions_per_seq)
+        self._event(K.OPT_NAME, o.name)
+        self._event(K.OPT_BASE_LR, o.lr)
+        self._event(K.OPT_LAMB_WEIGHT_DECAY, o.weight_decay)
+        self._event(K.OPT_LAMB_BETA_1, o.betas[0])
+        self._event(K.OPT_LAMB_BETA_2, o.betas[1])
+        self._event(K.OPT_LAMB_LR_DECAY_POLY_POWER, 1.0)
+        self._event(K.OPT_LAMB_EPSILON, o.epsilon)
+        if cfg.mlperf.legacy_keys:
+            self._event("opt_epsilon", o.epsilon)  # rulesets 1.x and 2.0 (no constant in mllog)
+        self._event(K.OPT_LR_WARMUP_STEPS, o.warmup_steps)
+        self._event(K.NUM_WARMUP_STEPS, o.warmup_steps)
+        self._event(K.START_WARMUP_STEP, o.start_warmup_step)
+        self._event(K.OPT_LR_TRAINING_STEPS, o.max_steps)
+        self._event(K.EVAL_SAMPLES, cfg.data.eval_samples)
+
+    def weights_initialization(self, tensor_names: list[str]) -> None:
+        for name in tensor_names:
+            self._event(K.WEIGHTS_INITIALIZATION, metadata={"tensor": name})
+
+    def init_stop(self) -> None:
+        if self._log:
+            self._log.end(K.INIT_STOP)
+
+    def run_start(self) -> None:
+        if self._log:
+            self._log.start(K.RUN_START)
+
+    def block_start(self, first_sample: int, count: int) -> None:
+        """A training block begins; epoch numbers are sample counts (what the RCP checker reads)."""
+        if self._log:
+            self._log.start(K.BLOCK_START, metadata={K.FIRST_EPOCH_NUM: first_sample, K.EPOCH_COUNT: max(count, 1),
+                                                      K.SAMPLES_COUNT: first_sample})
+
+    def block_stop(self, first_sample: int, last_sample: int) -> None:
+        if self._log:
+            self._log.end(K.BLOCK_STOP, metadata={K.FIRST_EPOCH_NUM: first_sample, K.SAMPLES_COUNT: last_sample})
+
+    def evaluation(self, samples: int, accuracy: float, stats: dict | None = None) -> None:
+        """The eval that ends a block: its accuracy at `samples` trained, and the block's statistics."""
+        if not self._log:
+            return
+        self._log.start(K.EVAL_START, metadata={K.EPOCH_NUM: samples})
+        self._log.end(K.EVAL_STOP, metadata={K.EPOCH_NUM: samples})
+        self._log.event(K.EVAL_ACCURACY, accuracy, metadata={K.EPOCH_NUM: samples})
+        if stats:
+            self._log.event("tracked_stats", stats, metadata={K.EPOCH_NUM: samples})
+
+    def run_stop(self, status: str, train_samples: int) -> None:
+        if not self._log:
+            return
+        self._log.event(K.TRAIN_SAMPLES, train_samples)
+        self._log.end(K.RUN_STOP, metadata={K.STATUS: status})
+
+    def close(self) -> None:
+        if self._log:
+            self._log.close()
 
 
 def log_cache_clear(path: str | Path) -> None:

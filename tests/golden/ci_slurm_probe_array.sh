@@ -33,7 +33,7 @@ export OMP_NUM_THREADS=1
 mkdir -p "$EXP_DIR/results" "$EXP_DIR/logs" "$EXP_DIR/runs"
 
 # ---- the resolved run configuration every rank reads: the whole recipe
-cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_8dda2085081917fb'
+cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_4bcddc67e4dbe572'
 world_size: 4
 model:
   num_layers: 2
@@ -54,6 +54,7 @@ data:
   max_predictions_per_seq: 76
   num_workers: 0
   eval_samples: 1000
+  streams: null
 optim:
   name: lamb
   lr: 0.002
@@ -90,6 +91,7 @@ balance:
   group_size: 2
   snake: true
   packing: false
+  pack_window: 1024
 runtime:
   device: cpu
   backend: gloo
@@ -104,7 +106,7 @@ checkpoint:
   dir: null
   keep: 3
   every_steps: 0
-  save_final: false
+  final_model: null
 mlperf:
   org: bertctl
   division: open
@@ -112,7 +114,7 @@ mlperf:
   platform: 2xCPU
   ruleset: 5.0.0
   legacy_keys: true
-BERTCTL_RUN_YAML_8dda2085081917fb
+BERTCTL_RUN_YAML_4bcddc67e4dbe572
 
 # Drop the page cache (root, or passwordless sudo for sysctl), as the MLPerf rules ask before each run.
 DROP_CACHES='sync && if [ "$(id -u)" -eq 0 ]; then /sbin/sysctl -q vm.drop_caches=3; else sudo -n /sbin/sysctl -q vm.drop_caches=3; fi'

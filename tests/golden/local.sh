@@ -21,7 +21,7 @@ trap 'echo $? > "$EXP_DIR/job.exit"' EXIT
 mkdir -p "$EXP_DIR/results" "$EXP_DIR/logs" "$EXP_DIR/runs"
 
 # ---- the resolved run configuration every rank reads: the whole recipe
-cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_e0f04c022a31e38f'
+cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_1367f27b3e7a44b7'
 world_size: 1
 model:
   num_layers: 2
@@ -42,6 +42,7 @@ data:
   max_predictions_per_seq: 76
   num_workers: 1
   eval_samples: 1000
+  streams: null
 optim:
   name: lamb
   lr: 0.002
@@ -78,6 +79,7 @@ balance:
   group_size: 8
   snake: true
   packing: false
+  pack_window: 1024
 runtime:
   device: cpu
   backend: gloo
@@ -92,7 +94,7 @@ checkpoint:
   dir: null
   keep: 3
   every_steps: 0
-  save_final: false
+  final_model: null
 mlperf:
   org: bertctl
   division: open
@@ -100,7 +102,7 @@ mlperf:
   platform: 1xCPU
   ruleset: 5.0.0
   legacy_keys: true
-BERTCTL_RUN_YAML_e0f04c022a31e38f
+BERTCTL_RUN_YAML_1367f27b3e7a44b7
 
 
 # One run: clear caches, log cache_clear, then 1 rank(s) on this machine.

@@ -35,7 +35,7 @@ export NCCL_TOPO_FILE=/workspace/bert/dgxa100_nic_affinity.xml
 mkdir -p "$EXP_DIR/results" "$EXP_DIR/logs" "$EXP_DIR/runs"
 
 # ---- the resolved run configuration every rank reads: the whole recipe
-cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_fa54c49fc2eb7d5b'
+cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_3e03e9d008ff2639'
 world_size: 1024
 model:
   num_layers: 24
@@ -56,6 +56,7 @@ data:
   max_predictions_per_seq: 76
   num_workers: 0
   eval_samples: 10000
+  streams: null
 optim:
   name: lamb
   lr: 0.002
@@ -92,6 +93,7 @@ balance:
   group_size: 8
   snake: true
   packing: false
+  pack_window: 1024
 runtime:
   device: cuda
   backend: nccl
@@ -106,7 +108,7 @@ checkpoint:
   dir: null
   keep: 3
   every_steps: 0
-  save_final: false
+  final_model: null
 mlperf:
   org: NVIDIA
   division: closed
@@ -114,7 +116,7 @@ mlperf:
   platform: 128xNVIDIA DGX A100
   ruleset: 5.0.0
   legacy_keys: true
-BERTCTL_RUN_YAML_fa54c49fc2eb7d5b
+BERTCTL_RUN_YAML_3e03e9d008ff2639
 
 # Drop the page cache (root, or passwordless sudo for sysctl), as the MLPerf rules ask before each run.
 DROP_CACHES='sync && if [ "$(id -u)" -eq 0 ]; then /sbin/sysctl -q vm.drop_caches=3; else sudo -n /sbin/sysctl -q vm.drop_caches=3; fi'

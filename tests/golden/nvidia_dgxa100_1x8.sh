@@ -33,7 +33,7 @@ export NCCL_TOPO_FILE=/workspace/bert/dgxa100_nic_affinity.xml
 mkdir -p "$EXP_DIR/results" "$EXP_DIR/logs" "$EXP_DIR/runs"
 
 # ---- the resolved run configuration every rank reads: the whole recipe
-cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_80bf5c3bcd386de9'
+cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_85ed97a920c90236'
 world_size: 8
 model:
   num_layers: 24
@@ -54,6 +54,7 @@ data:
   max_predictions_per_seq: 76
   num_workers: 4
   eval_samples: 10000
+  streams: null
 optim:
   name: lamb
   lr: 0.00035
@@ -90,6 +91,7 @@ balance:
   group_size: 8
   snake: true
   packing: false
+  pack_window: 1024
 runtime:
   device: cuda
   backend: nccl
@@ -104,7 +106,7 @@ checkpoint:
   dir: null
   keep: 3
   every_steps: 0
-  save_final: false
+  final_model: null
 mlperf:
   org: NVIDIA
   division: closed
@@ -112,7 +114,7 @@ mlperf:
   platform: 1xNVIDIA DGX A100
   ruleset: 5.0.0
   legacy_keys: true
-BERTCTL_RUN_YAML_80bf5c3bcd386de9
+BERTCTL_RUN_YAML_85ed97a920c90236
 
 # Drop the page cache (root, or passwordless sudo for sysctl), as the MLPerf rules ask before each run.
 DROP_CACHES='sync && if [ "$(id -u)" -eq 0 ]; then /sbin/sysctl -q vm.drop_caches=3; else sudo -n /sbin/sysctl -q vm.drop_caches=3; fi'

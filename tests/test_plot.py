@@ -1,0 +1,90 @@
+"""`bertctl plot`: what the picture holds (curves, target, times, throughput) and that it is written as a PNG."""
+
+from pathlib import Path
+
+import pytest
+
+import mllog_factory as f
+from conftest import run_cli
+from orchestrator import plot, resultset
+from orchestrator.results import summarize
+
+INSPUR = Path(__file__).parent / "data" / "mlperf-results" / "v1.1" / "Inspur"
+
+
+def read_png(path: Path):
+    import matplotlib.image
+
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    return matplotlib.image.imread(str(path))
+
+
+def test_plot_of_an_experiment_is_written_next_to_it():
+    exp = f.make_experiment(f.with_changes(f.example_specs(), 3, converged=False, minutes=24.0))
+    result = run_cli("plot", exp.id)
+    assert result.code == 0 and result.out.strip() == str(exp.path / "convergence.png")
+    pixels = read_png(exp.path / "convergence.png")
+    assert pixels.shape[:2] == (990, 1210) and pixels.std() > 0.05  # not a blank canvas
+
+
+def test_the_figure_has_every_run_the_target_and_each_time_to_train():
+    import matplotlib.pyplot as plt
+
+    exp = f.make_experiment(f.with_changes(f.example_specs(), 3, converged=False, minutes=24.0))
+    fig = plot.figure(resultset.from_experiment(exp))
+    acc, tput = fig.axes
+    legend = [t.get_text() for t in acc.get_legend().get_texts()]
+    assert legend[:3] == ["run 0: 20.40 min", "run 1: 19.10 min", "run 2: 21.70 min"]
+    assert "run 3: not converged (aborted)" in legend and "MLPerf target 0.720" in legend
+    target = [line for line in acc.get_lines() if line.get_label() == "MLPerf target 0.720"][0]
+    assert list(target.get_ydata()) == [0.72, 0.72]
+    curves = [line for line in acc.get_lines() if line.get_label().startswith("run ")]
+    assert len(curves) == 10 and curves[0].get_xdata()[-1] == pytest.approx(2.4)  # millions of samples
+    assert len(tput.get_lines()) == 10 and "block_start to block_stop" in tput.get_title()
+    assert "olympic score 20.938 min" in fig._suptitle.get_text()
+    plt.close(fig)
+
+
+def test_plot_of_a_foreign_tree_estimates_samples_and_says_so(tmp_path):
+    out = tmp_path / "inspur.png"
+    result = run_cli("plot", "--results", str(INSPUR), "--out", str(out))
+    assert result.code == 0 and result.out.strip() == str(out) and read_png(out).std() > 0.05
+    fig = plot.figure(resultset.from_directory(INSPUR))
+    assert "estimated: epoch_num is not a sample count" in fig.axes[0].get_xlabel()
+    assert "olympic score 19.389 min" in fig._suptitle.get_text()
+    assert "evaluation time included" in fig.axes[1].get_title()
+
+
+def test_v11_accuracy_curve_is_spread_evenly_up_to_train_samples():
+    s = summarize(INSPUR / "results" / "nf5688m6_pytorch" / "bert" / "result_1.txt")
+    curve, estimated = s.accuracy_curve()
+    assert estimated and len(curve) == 16 and curve[-1] == (2_400_384, pytest.approx(0.7203778))
+    assert curve[0][0] == round(2_400_384 / 16)
+
+
+def test_throughput_from_blocks_from_stop_to_stop_and_from_tracked_stats(tmp_path):
+    interval, slot_s = 150_000, 20.0 * 60 / 16 - 0.001
+    timed = summarize(f.write_log(tmp_path / "a.txt", f.RunSpec(seed=5)))
+    points, source = timed.throughput()
+    assert source == "blocks" and len(points) == 16
+    assert points[0][1] == pytest.approx(interval / (0.9 * slot_s * f._jitter(5, 1)), rel=1e-3)
+    # a trainer that writes block_start just before block_stop: rates from one block_stop to the next
+    back_to_back = summarize(f.write_log(tmp_path / "b.txt", f.RunSpec(seed=5, block_start_at_begin=False)))
+    points, source = back_to_back.throughput()
+    assert source == "block_stops" and len(points) == 16
+    gap_s = slot_s * (1 + 0.9 * (f._jitter(5, 2) - f._jitter(5, 1)))  # block_stop 1 to block_stop 2, eval included
+    assert points[1][1] == pytest.approx(interval / gap_s, rel=1e-3)
+    tracked = summarize(f.write_log(tmp_path / "c.txt", f.RunSpec(seed=5, tracked_stats=True)))
+    points, source = tracked.throughput()
+    assert source == "tracked_stats" and points[0][1] == pytest.approx(interval / (0.9 * slot_s * f._jitter(5, 1)), rel=1e-3)
+
+
+def test_tiny_runs_are_plotted_in_thousands_of_samples():
+    exp = f.make_experiment(f.tiny_closed_specs(), cluster="local", overrides=f.TINY_CLOSED)
+    fig = plot.figure(resultset.from_experiment(exp))
+    assert fig.axes[0].get_xlabel() == "samples trained (thousands)"
+
+
+def test_plot_bad_input_is_one_line(tmp_path):
+    result = run_cli("plot", "--results", str(tmp_path))
+    assert result.code == 2 and result.out == "" and "no result_*.txt logs" in result.err and result.err.count("\n") == 1

@@ -1,0 +1,159 @@
+"""The trainer end to end on CPU: it learns, its MLPerf log passes the official checker, 2 gloo
+ranks reproduce 1 rank, a run interrupted by SIGUSR2 resumes to the same losses, bad input is one line."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from synthetic import tiny_run_config, write_dataset
+from trainer.mlperf import log_cache_clear
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def trainer(*args: str, ranks: int = 1, **kw) -> subprocess.CompletedProcess:
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"] if ranks > 1 \
+        else [sys.executable]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    return subprocess.run([*launcher, "-m", "trainer", *args], capture_output=True, text=True, env=env, timeout=300, **kw)
+
+
+def losses(out: Path, run: int = 0) -> list[float]:
+    return [json.loads(line)["loss"] for line in (out / "metrics" / f"run_{run}.jsonl").read_text().splitlines()]
+
+
+def checker(log: Path, ruleset: str = "5.0.0", tmp: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mlperf_logging.compliance_checker", "--usage", "training",
+                           "--ruleset", ruleset, "--log_output", str((tmp or log.parent) / "cc.log"), str(log)],
+                          capture_output=True, text=True)
+
+
+@pytest.fixture(scope="module")
+def converged_run(tmp_path_factory):
+    """A tiny model trained to the 0.720 target on the synthetic data, as the launcher runs it."""
+    tmp = tmp_path_factory.mktemp("converged")
+    config = tiny_run_config(tmp, runtime={"num_threads": 1})
+    out = tmp / "out"
+    log_cache_clear(out / "results" / "result_0.txt")  # the launcher's part
+    proc = trainer("--config", str(config), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return out / "results" / "result_0.txt", proc
+
+
+def test_tiny_run_reaches_the_target_and_the_official_checker_says_success(converged_run, tmp_path):
+    log, proc = converged_run
+    assert "run_stop: success" in proc.stdout
+    result = checker(log, tmp=tmp_path)
+    assert result.returncode == 0 and result.stderr.strip().endswith("INFO - SUCCESS"), result.stderr[-1500:]
+    events = [json.loads(line.split(":::MLLOG ", 1)[1]) for line in log.read_text().splitlines()]
+    keys = [e["key"] for e in events]
+    assert keys[:3] == ["cache_clear", "init_start", "submission_benchmark"]
+    assert keys.index("submission_division") < keys.index("init_stop") < keys.index("run_start") < keys.index("block_start")
+    assert keys[-2:] == ["train_samples", "run_stop"] and events[-1]["metadata"]["status"] == "success"
+    accuracies = [e for e in events if e["key"] == "eval_accuracy"]
+    assert accuracies[-1]["value"] >= 0.72
+    assert [e["metadata"]["epoch_num"] for e in accuracies] == [128 * (i + 1) for i in range(len(accuracies))]  # samples
+    assert all(e["metadata"]["file"].startswith("trainer/") for e in events)  # no machine paths
+
+
+@pytest.mark.parametrize("key", ["opt_lamb_epsilon", "submission_division", "run_stop"])
+def test_a_log_missing_a_required_key_fails_with_the_checkers_message(converged_run, tmp_path, key):
+    log, _ = converged_run
+    broken = tmp_path / "result_0.txt"
+    broken.write_text("".join(line for line in log.read_text().splitlines(keepends=True) if f'"key": "{key}"' not in line))
+    result = checker(broken, tmp=tmp_path)
+    assert result.returncode == 1 and "ERROR - FAILED" in result.stderr
+    expected = {"opt_lamb_epsilon": "Required EXACTLY_ONE occurrence of 'opt_lamb_epsilon' but found 0",
+                "submission_division": "Required EXACTLY_ONE occurrence of 'submission_division' but found 0",
+                "run_stop": "Required EXACTLY_ONE occurrence of 'run_stop' but found 0"}[key]
+    assert expected in result.stderr
+
+
+def test_two_gloo_ranks_give_the_same_losses_as_one(tmp_path):
+    # clipping after the allreduce sees the same gradient whatever the rank count (local clipping
+    # does not, by design: each rank clips its own share)
+    fixed = dict(optim={"max_steps": 25, "clip": "after_allreduce"}, train={"target_accuracy": 0.99}, mlperf={"division": "open"},
+                 model={"hidden_dropout": 0.0, "attention_dropout": 0.0}, runtime={"num_threads": 1})
+    one = tiny_run_config(tmp_path / "one", world_size=1, batch_size=8, data={"streams": 2}, **fixed)
+    two = tiny_run_config(tmp_path / "two", world_size=2, batch_size=4, data={"streams": 2}, **fixed)
+    single = trainer("--config", str(one), "--out", str(tmp_path / "one" / "out"))
+    double = trainer("--config", str(two), "--out", str(tmp_path / "two" / "out"), ranks=2)
+    assert single.returncode == 0, single.stderr[-2000:]
+    assert double.returncode == 0, double.stderr[-2000:]
+    a, b = losses(tmp_path / "one" / "out"), losses(tmp_path / "two" / "out")
+    assert len(a) == len(b) == 25
+    assert a[-1] < a[0] - 0.1  # it learned something
+    for x, y in zip(a, b):
+        assert y == pytest.approx(x, rel=1e-5)
+
+
+def test_sigusr2_checkpoints_and_resuming_reproduces_the_uninterrupted_losses(tmp_path):
+    fixed = dict(optim={"max_steps": 40}, train={"target_accuracy": 0.99, "eval_every_samples": 80},
+                 mlperf={"division": "open"}, runtime={"num_threads": 1})
+    straight = tiny_run_config(tmp_path / "straight", **fixed)
+    interrupted = tiny_run_config(tmp_path / "interrupted", **fixed)
+    reference = trainer("--config", str(straight), "--out", str(tmp_path / "straight" / "out"))
+    assert reference.returncode == 0, reference.stderr[-2000:]
+
+    out = tmp_path / "interrupted" / "out"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-m", "trainer", "--config", str(interrupted), "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    metrics = out / "metrics" / "run_0.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 12):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGUSR2)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 75, stderr[-2000:]
+    assert "checkpoint saved at update" in stdout
+    saved = int((out / "checkpoints" / "run_0" / "latest").read_text().removeprefix("step_"))
+    assert 12 <= saved < 40
+
+    resumed = trainer("--config", str(interrupted), "--out", str(out))
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert f"resumed at update {saved}" in resumed.stdout
+    assert losses(out) == losses(tmp_path / "straight" / "out")  # bit for bit
+
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path):
+    config = tiny_run_config(tmp_path)
+    raw = yaml.safe_load(config.read_text())
+
+    def run_with(**changes):
+        cfg = json.loads(json.dumps(raw))
+        for key, value in changes.items():
+            section, field = key.split("__")
+            cfg.setdefault(section, {})[field] = value
+        path = tmp_path / "bad.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        proc = trainer("--config", str(path), "--out", str(tmp_path / "out"))
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), proc.stderr[-1500:]
+        return lines[0]
+
+    assert "training data folder not found" in run_with(data__train_dir=str(tmp_path / "nowhere"))
+    assert "runtime.device is cuda but this machine has no usable CUDA device" in run_with(runtime__device="cuda")
+    assert "optim.lr: Input should be greater than 0" in run_with(optim__lr=-1)
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    (corrupt / "part_00000.hdf5").write_bytes(b"\x89HDF\r\n\x1a\n" + b"\0" * 100)
+    assert "part_00000.hdf5: unreadable HDF5 shard" in run_with(data__train_dir=str(corrupt))
+    from trainer.checkpoint import write_model
+    from trainer.config import ModelConfig
+    from trainer.model import BertForPreTraining
+
+    narrower = BertForPreTraining(ModelConfig(**{**raw["model"], "hidden_size": 32, "intermediate_size": 64}))
+    wrong = write_model(tmp_path / "wrong.pt", narrower)  # a checkpoint of another model size
+    message = run_with(train__init_checkpoint=str(wrong))
+    assert "wrong.pt: tensor bert.embeddings.word_embeddings.weight has shape (64, 32), the model needs (64, 64)" in message
+    world = trainer("--config", str(config), "--out", str(tmp_path / "out"), ranks=2)
+    assert world.returncode != 0 and "made for 1 rank(s) (world_size) but the launcher started 2" in world.stderr

@@ -1,0 +1,118 @@
+"""Checkpoints: everything needed to continue a run exactly, written atomically, the latest k kept.
+
+A checkpoint is a directory `step_<N>/` with `shared.pt` (model, optimizer, scaler and loop state,
+written by rank 0) and `rank_<r>.pt` (each rank's data position and RNG states). It is assembled
+under a temporary name and renamed when every rank has written its part, then `latest` is
+pointed at it: a directory named `step_<N>` is always complete.
+
+On SIGUSR2 (Slurm's warning before the time limit, submitit's convention) or SIGTERM the run
+saves a checkpoint at the next agreed step and exits with trainer.config.REQUEUE_EXIT_CODE; the job
+script then requeues itself and the run resumes here.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+
+class Checkpoints:
+    def __init__(self, folder: Path, keep: int, rank: int):
+        self.folder, self.keep, self.rank = Path(folder), keep, rank
+
+    def save(self, step: int, shared: dict, per_rank: dict) -> Path:
+        final = self.folder / f"step_{step:08d}"
+        staging = self.folder / f".step_{step:08d}.partial"
+        if self.rank == 0:
+            shutil.rmtree(staging, ignore_errors=True)
+            staging.mkdir(parents=True)
+        _barrier()
+        torch.save(per_rank, staging / f"rank_{self.rank}.pt")
+        if self.rank == 0:
+            torch.save(shared, staging / "shared.pt")
+        _barrier()
+        if self.rank == 0:
+            shutil.rmtree(final, ignore_errors=True)
+            os.rename(staging, final)
+            _write_atomic(self.folder / "latest", final.name)
+            self._prune()
+        _barrier()
+        return final
+
+    def latest(self) -> Path | None:
+        pointer = self.folder / "latest"
+        if not pointer.exists():
+            return None
+        path = self.folder / pointer.read_text().strip()
+        return path if (path / "shared.pt").exists() else None
+
+    def load(self, path: Path) -> tuple[dict, dict]:
+        shared = torch.load(path / "shared.pt", map_location="cpu", weights_only=False)
+        per_rank = torch.load(path / f"rank_{self.rank}.pt", map_location="cpu", weights_only=False)
+        return shared, per_rank
+
+    def _prune(self) -> None:
+        steps = sorted(p for p in self.folder.glob("step_*") if p.is_dir())
+        for old in steps[: -self.keep]:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def rng_state() -> dict:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def write_model(path: str | Path, model: torch.nn.Module) -> Path:
+    """The weights alone, as {"model": state_dict} (NVIDIA's phase-1 checkpoint format), atomically."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.partial")
+    torch.save({"model": model.state_dict()}, tmp)
+    os.replace(tmp, path)
+    return path
+
+
+class StopSignal:
+    """Set by SIGUSR2/SIGTERM; every rank must agree before acting on it (`agreed`)."""
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        for sig in (signal.SIGUSR2, signal.SIGTERM):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self.received = signum
+
+    def agreed(self, device) -> bool:
+        flag = torch.tensor([1.0 if self.received else 0.0], device=device)
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+
+def _barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.partial")
+    tmp.write_text(text)
+    os.replace(tmp, path)

@@ -1,0 +1,199 @@
+"""TFRecord files and `tf.train.Example`s in the MLPerf feature layout, without TensorFlow.
+
+Framing of each record: length (uint64, little-endian), masked CRC-32C of those 8 bytes (uint32),
+the payload, masked CRC-32C of the payload (uint32). "Masked" is TensorFlow's rotation of the CRC
+by 15 bits plus the constant 0xa282ead8, so that a CRC of data containing CRCs stays strong.
+A short read is a truncated file and a CRC mismatch a corrupt one: both name the record index.
+
+The payload is a `tf.train.Example`: Features{ map<string, Feature> }, each Feature a BytesList,
+FloatList or Int64List. MLPerf's records (create_pretraining_data.py) hold input_ids, input_mask,
+segment_ids (max_seq_length each), masked_lm_positions, masked_lm_ids, masked_lm_weights
+(max_predictions each, 0-padded) and next_sentence_labels (one).
+"""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+from typing import BinaryIO, Iterable, Iterator
+
+import google_crc32c
+import numpy as np
+
+from trainer.data.layout import Sample
+from trainer.data.prepare import files, protowire as pw
+from trainer.data.prepare.errors import BadInput
+
+MASK_DELTA = 0xA282EAD8
+MLPERF_INT_FEATURES = ("input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids",
+                       "next_sentence_labels")
+
+
+def masked_crc(data: bytes | memoryview) -> int:
+    crc = google_crc32c.value(bytes(data))
+    return (((crc >> 15) | (crc << 17)) + MASK_DELTA) & 0xFFFFFFFF
+
+
+# ---- framing
+
+def read_records(path: str | Path) -> Iterator[bytes]:
+    """The payloads of a TFRecord file, each checked against its CRCs."""
+    path = Path(path)
+    try:
+        f = open(path, "rb")
+    except OSError as e:
+        raise BadInput(path, f"cannot open: {e.strerror or e}") from None
+    with f:
+        index = 0
+        while True:
+            payload = _read_record(f, path, index)
+            if payload is None:
+                return
+            yield payload
+            index += 1
+
+
+def _read_record(f: BinaryIO, path: Path, index: int) -> bytes | None:
+    header = f.read(12)
+    if not header:
+        return None
+    if len(header) < 12:
+        raise BadInput(path, f"record {index}: truncated (file ends inside the length header)")
+    length_bytes, length_crc = header[:8], struct.unpack("<I", header[8:])[0]
+    if masked_crc(length_bytes) != length_crc:
+        raise BadInput(path, f"record {index}: corrupt (CRC mismatch in the length header)")
+    (length,) = struct.unpack("<Q", length_bytes)
+    body = f.read(length + 4)
+    if len(body) < length + 4:
+        raise BadInput(path, f"record {index}: truncated (needs {length + 4} bytes, the file has {len(body)} left)")
+    payload, data_crc = body[:length], struct.unpack("<I", body[length:])[0]
+    if masked_crc(payload) != data_crc:
+        raise BadInput(path, f"record {index}: corrupt (CRC mismatch in the data)")
+    return payload
+
+
+def frame(payload: bytes) -> bytes:
+    length = struct.pack("<Q", len(payload))
+    return length + struct.pack("<I", masked_crc(length)) + payload + struct.pack("<I", masked_crc(payload))
+
+
+def write_records(path: str | Path, payloads: Iterable[bytes]) -> Path:
+    with files.atomic_path(path) as tmp:
+        with open(tmp, "wb") as f:
+            for payload in payloads:
+                f.write(frame(payload))
+    return Path(path)
+
+
+# ---- tf.train.Example
+
+def parse_example(payload: bytes) -> dict[str, np.ndarray | list[bytes]]:
+    """Feature name -> int64 array, float32 array, or list of byte strings."""
+    features: dict[str, np.ndarray | list[bytes]] = {}
+    for number, _, value in pw.fields(payload):
+        if number != 1:
+            continue  # Example.features
+        for entry_number, _, entry in pw.fields(value):
+            if entry_number != 1:
+                continue  # Features.feature (map entry)
+            name, feature = "", b""
+            for k, _, v in pw.fields(entry):
+                if k == 1:
+                    name = bytes(v).decode("utf-8")
+                elif k == 2:
+                    feature = v
+            features[name] = _parse_feature(feature)
+    return features
+
+
+def _parse_feature(data: bytes | memoryview) -> np.ndarray | list[bytes]:
+    for kind, _, value in pw.fields(data):
+        if kind == 1:  # BytesList
+            return [bytes(v) for n, _, v in pw.fields(value) if n == 1]
+        if kind == 2:  # FloatList: packed, or one fixed32 per value
+            chunks = [np.frombuffer(v, "<f4") if w == pw.LENGTH else np.array([v], "<u4").view("<f4")
+                      for n, w, v in pw.fields(value) if n == 1]
+            return np.concatenate(chunks).astype(np.float32) if chunks else np.zeros(0, np.float32)
+        if kind == 3:  # Int64List: packed, or one varint per value
+            chunks = [pw.packed_varints(v) if w == pw.LENGTH else np.array([v], np.uint64).view(np.int64)
+                      for n, w, v in pw.fields(value) if n == 1]
+            return np.concatenate(chunks) if chunks else np.zeros(0, np.int64)
+    return np.zeros(0, np.int64)  # an empty Feature
+
+
+def build_example(features: dict[str, np.ndarray | list[int] | list[float]]) -> bytes:
+    """A tf.train.Example with int64 features (integer arrays) and float features (float arrays)."""
+    entries = b""
+    for name in sorted(features):
+        values = np.asarray(features[name])
+        if values.dtype.kind == "f":
+            feature = pw.encode_bytes(2, pw.encode_packed_floats(1, values.tolist()))
+        else:
+            feature = pw.encode_bytes(3, pw.encode_packed_varints(1, values.tolist()))
+        entries += pw.encode_bytes(1, pw.encode_bytes(1, name.encode()) + pw.encode_bytes(2, feature))
+    return pw.encode_bytes(1, entries)
+
+
+# ---- the MLPerf feature layout
+
+def sample_from_features(features: dict, path: str | Path, index: int, max_seq_length: int,
+                         max_predictions: int) -> Sample:
+    """An unpadded sample from one MLPerf record; anything inconsistent is BadInput naming the record."""
+    def bad(what: str) -> BadInput:
+        return BadInput(path, f"record {index}: {what}")
+
+    missing = [name for name in MLPERF_INT_FEATURES if name not in features]
+    if missing:
+        raise bad(f"not in the MLPerf feature layout (missing {', '.join(missing)})")
+    ids, mask, seg = (np.asarray(features[k]) for k in ("input_ids", "input_mask", "segment_ids"))
+    pos, mids = np.asarray(features["masked_lm_positions"]), np.asarray(features["masked_lm_ids"])
+    if not (len(ids) == len(mask) == len(seg)) or len(pos) != len(mids):
+        raise bad("input_ids/input_mask/segment_ids or masked_lm_positions/masked_lm_ids differ in length")
+    length = int(mask.sum())
+    if not np.array_equal(mask, np.arange(len(mask)) < length):
+        raise bad("input_mask is not ones followed by zeros")
+    if length > max_seq_length:
+        raise bad(f"sequence of {length} tokens is longer than max_seq_length {max_seq_length}")
+    weights = features.get("masked_lm_weights")
+    k = int((np.asarray(weights) > 0).sum()) if weights is not None else int((pos != 0).sum())
+    if k > max_predictions or np.any(pos[:k] >= length) or np.any(pos[:k] <= 0):
+        raise bad(f"masked_lm_positions {pos[:k].tolist()} do not fit a sequence of {length} tokens "
+                  f"(at most {max_predictions} predictions, never position 0)")
+    nsp = np.asarray(features["next_sentence_labels"])
+    if nsp.size != 1 or int(nsp[0]) not in (0, 1):
+        raise bad(f"next_sentence_labels must be one 0 or 1, got {nsp.tolist()}")
+    return Sample(ids[:length], seg[:length], pos[:k], mids[:k], int(nsp[0]))
+
+
+def features_from_sample(sample: Sample, max_seq_length: int, max_predictions: int) -> dict[str, np.ndarray]:
+    """The MLPerf features of a sample, 0-padded as create_pretraining_data writes them."""
+    def padded(values, width, dtype=np.int64):
+        out = np.zeros(width, dtype)
+        out[: len(values)] = values
+        return out
+
+    length, k = len(sample.input_ids), len(sample.masked_lm_positions)
+    return {
+        "input_ids": padded(sample.input_ids, max_seq_length),
+        "input_mask": padded(np.ones(length, np.int64), max_seq_length),
+        "segment_ids": padded(sample.segment_ids, max_seq_length),
+        "masked_lm_positions": padded(sample.masked_lm_positions, max_predictions),
+        "masked_lm_ids": padded(sample.masked_lm_ids, max_predictions),
+        "masked_lm_weights": padded(np.ones(k, np.float32), max_predictions, np.float32),
+        "next_sentence_labels": np.array([sample.next_sentence_label], np.int64),
+    }
+
+
+def read_samples(path: str | Path, max_seq_length: int, max_predictions: int) -> Iterator[Sample]:
+    """The samples of a TFRecord file in the MLPerf layout."""
+    for index, payload in enumerate(read_records(path)):
+        try:
+            features = parse_example(payload)
+        except (pw.WireError, UnicodeDecodeError) as e:
+            raise BadInput(path, f"record {index}: not a tf.train.Example ({e})") from None
+        yield sample_from_features(features, path, index, max_seq_length, max_predictions)
+
+
+def write_samples(path: str | Path, samples: Iterable[Sample], max_seq_length: int, max_predictions: int) -> Path:
+    return write_records(path, (build_example(features_from_sample(s, max_seq_length, max_predictions))
+                                for s in samples))

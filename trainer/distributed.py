@@ -1,0 +1,68 @@
+"""Process group set-up: rank and world from the launcher, gloo on CPU, NCCL on CUDA."""
+
+from __future__ import annotations
+
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+
+from trainer.config import RunConfig
+from trainer.dist_env import DistEnv, detect
+
+
+class LaunchError(Exception):
+    """The launcher and the run configuration disagree (a user error: exit 2)."""
+
+
+def init(cfg: RunConfig) -> tuple[DistEnv, torch.device]:
+    env = detect()
+    if env.world_size != cfg.world_size:
+        raise LaunchError(
+            f"run.yaml was made for {cfg.world_size} rank(s) (world_size) but the launcher started {env.world_size}"
+        )
+    device = _device(cfg, env)
+    # bucket-wise clipping lives in a DDP hook, so even a single rank gets a (one-member) group
+    if env.world_size > 1 or cfg.optim.clip == "bucket":
+        kwargs = {}
+        if cfg.runtime.backend == "nccl":
+            kwargs["device_id"] = device
+        dist.init_process_group(
+            backend=cfg.runtime.backend,
+            init_method=f"tcp://{env.master_addr}:{env.master_port}",
+            rank=env.rank,
+            world_size=env.world_size,
+            timeout=datetime.timedelta(minutes=10),
+            **kwargs,
+        )
+    return env, device
+
+
+def _device(cfg: RunConfig, env: DistEnv) -> torch.device:
+    if cfg.runtime.device == "cpu":
+        if cfg.runtime.num_threads:
+            torch.set_num_threads(cfg.runtime.num_threads)
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise LaunchError("runtime.device is cuda but this machine has no usable CUDA device")
+    if env.local_rank >= torch.cuda.device_count():
+        raise LaunchError(f"local rank {env.local_rank} has no GPU: {torch.cuda.device_count()} visible "
+                          f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')})")
+    torch.cuda.set_device(env.local_rank)
+    return torch.device("cuda", env.local_rank)
+
+
+def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(t)
+    return t
+
+
+def initialized() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def close() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

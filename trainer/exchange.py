@@ -1,0 +1,100 @@
+"""Exchange padding: the ranks of a group pool their step's samples, sort them by length and deal them
+back (trainer/balance.py), so every rank gets a similar number of tokens.
+
+global (NVIDIA): one group of all ranks. group (Samsung): groups of `group_size` consecutive
+ranks, i.e. one node, so the exchange stays on NVLink; every rank creates every group, in the
+same order, as torch.distributed requires. With packing the dealt units are whole packs.
+
+The exchange only moves samples between ranks within a step: the global set of samples, and so
+the loss normalised by the global number of masked tokens, is unchanged.
+
+Wire format: each sample is one int16 row [length, predictions, nsp, pack, ids..., segments...,
+positions..., masked ids...] padded to a fixed width, sent as float16 bits (NVIDIA's trick: NCCL
+has no int16, and an all_gather only copies bits).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from trainer.balance import deal_order
+from trainer.data.layout import Sample
+
+
+class Exchange:
+    def __init__(self, mode: str, group_size: int, snake: bool, max_seq_length: int, max_predictions: int, device):
+        world, rank = dist.get_world_size(), dist.get_rank()
+        self.size = world if mode == "global" else group_size
+        self.snake = snake
+        self.width = HEADER + 2 * max_seq_length + 2 * max_predictions
+        self.seq, self.pred = max_seq_length, max_predictions
+        self.device = device
+        self.group = None
+        self.index = rank % self.size
+        for start in range(0, world, self.size):  # every rank creates every group
+            ranks = list(range(start, start + self.size))
+            group = dist.new_group(ranks) if self.size < world else dist.group.WORLD
+            if rank in ranks:
+                self.group = group
+
+    def __call__(self, samples: list[Sample], packs: list[list[int]] | None = None) -> list[Sample]:
+        """This rank's share of the group's samples (or of its packs: each pack stays together)."""
+        pack_of = np.zeros(len(samples), dtype=np.int64)
+        for p, members in enumerate(packs or []):
+            pack_of[members] = p
+        pool, pool_packs = [], []
+        for member, rows in enumerate(self._all_gather(encode(samples, pack_of, self.seq, self.pred))):
+            got, their_packs = decode(rows, self.seq, self.pred)
+            pool_packs.extend((member, p) for p in their_packs)
+            pool.extend(got)
+        if packs is None:
+            mine = deal_order(np.array([len(s) for s in pool]), self.size, self.snake)[self.index]
+            return [pool[i] for i in mine]
+        units = {}  # (member, pack) -> indices into the pool, in order
+        for i, key in enumerate(pool_packs):
+            units.setdefault(key, []).append(i)
+        whole = list(units.values())
+        tokens = np.array([sum(len(pool[i]) for i in unit) for unit in whole])
+        mine = deal_order(tokens, self.size, snake=True)[self.index]
+        return [pool[i] for u in mine for i in whole[u]]
+
+    def _all_gather(self, rows: torch.Tensor) -> list[torch.Tensor]:
+        """Each member's rows (they may differ in count: the counts are gathered first)."""
+        count = torch.tensor([rows.shape[0]], device=self.device)
+        counts = [torch.zeros_like(count) for _ in range(self.size)]
+        dist.all_gather(counts, count, group=self.group)
+        most = int(max(c.item() for c in counts))
+        padded = torch.zeros((most, self.width), dtype=torch.int16, device=self.device)
+        padded[: rows.shape[0]] = rows.to(self.device)
+        buffers = [torch.empty((most, self.width), dtype=torch.float16, device=self.device) for _ in range(self.size)]
+        dist.all_gather(buffers, padded.view(torch.float16), group=self.group)
+        return [b.view(torch.int16)[: int(c.item())].cpu() for b, c in zip(buffers, counts)]
+
+
+HEADER = 4  # length, predictions, nsp label, pack
+
+
+def encode(samples: list[Sample], pack_of: np.ndarray, seq: int, pred: int) -> torch.Tensor:
+    rows = np.zeros((len(samples), HEADER + 2 * seq + 2 * pred), dtype=np.int16)
+    ids, segs, pos, mids = HEADER, HEADER + seq, HEADER + 2 * seq, HEADER + 2 * seq + pred
+    for r, s in enumerate(samples):
+        n, k = len(s), len(s.masked_lm_positions)
+        rows[r, :HEADER] = (n, k, s.next_sentence_label, pack_of[r])
+        rows[r, ids:ids + n] = s.input_ids
+        rows[r, segs:segs + n] = s.segment_ids
+        rows[r, pos:pos + k] = s.masked_lm_positions
+        rows[r, mids:mids + k] = s.masked_lm_ids
+    return torch.from_numpy(rows)
+
+
+def decode(rows: torch.Tensor, seq: int, pred: int) -> tuple[list[Sample], list[int]]:
+    ids, segs, pos, mids = HEADER, HEADER + seq, HEADER + 2 * seq, HEADER + 2 * seq + pred
+    samples, packs = [], []
+    for row in rows.numpy().astype(np.int64):
+        n, k, nsp, pack = (int(x) for x in row[:HEADER])
+        samples.append(Sample(row[ids:ids + n].copy(), row[segs:segs + n].copy(),
+                              row[pos:pos + k].copy(), row[mids:mids + k].copy(), nsp))
+        packs.append(pack)
+    return samples, packs
