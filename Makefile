@@ -20,11 +20,11 @@ $(STAMP): pyproject.toml
 	touch $@
 
 demo: env
-	$(BIN)/bertctl submit --cluster samsung_dgxa100 --nexp 10 --dry-run
+	$(BIN)/bertctl submit --cluster local --nexp 2 --follow
 
 test: env
 	$(BIN)/python -m pytest
 
 # regenerate tests/golden/ after an intended change to templates or cluster files (then read the diff)
 golden: env
-	BERTCTL_UPDATE_GOLDEN=1 $(BIN)/python -m pytest -q tests/test_render.py
+	BERTCTL_UPDATE_GOLDEN=1 $(BIN)/python -m pytest -q tests/test_render.py tests/test_data_cli.py -k golden

@@ -53,25 +53,10 @@ def cmd_submit(args: argparse.Namespace) -> int:
     print(f"  follow it: bertctl status {exp.id}   bertctl logs {exp.id} -f", file=sys.stderr)
     print(exp.id)
     if args.follow:
-        return follow(exp)
+        from orchestrator.follow import follow
+
+        return follow(exp, stderr_console())
     return 0
-
-
-def follow(exp) -> int:
-    """Stream each run's log in turn until the experiment ends; exit 0 only if every run succeeded."""
-    from orchestrator import logs, status
-
-    import time
-
-    for run in range(exp.nexp):
-        print(f"--- run {run} ---", file=sys.stderr)
-        logs.show(exp, run, rank=None, follow=True, out=sys.stderr)
-    final = status.collect([exp])[0]
-    while not final.state.finished:  # the runs are done; the job is wrapping up
-        time.sleep(logs.POLL_S)
-        final = status.collect([exp])[0]
-    print(f"{exp.id}: {final.state.value}", file=sys.stderr)
-    return 0 if final.state.value == "COMPLETED" else 1
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -222,6 +207,14 @@ def stderr_console():
     return Console(stderr=True, width=None if sys.stderr.isatty() else 200)
 
 
+def cmd_balance(argv: list[str]) -> int:
+    """The simulator is the trainer's own balancing code, so it runs where that code lives
+    (its options are its own: `bertctl balance --help`)."""
+    import subprocess
+
+    return subprocess.call([sys.executable, "-m", "trainer.simulate_balance", *argv])
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="bertctl",
@@ -281,6 +274,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--results", metavar="DIR", help="instead of an experiment: an MLPerf result tree or a folder of result_*.txt")
     p.add_argument("--out", metavar="PNG", help="where to write the PNG (default: convergence.png in the experiment)")
     add_data_verbs(verb)
+    # listed here for --help; main() hands its arguments to the simulator untouched
+    verbs.add_parser("balance", help="simulate load balance across ranks on the real length histogram: "
+                     "--ranks N --batch B [--group K] [--strategy S] [--json] [--plot PNG]")
     return parser
 
 
@@ -292,6 +288,9 @@ def _positive(text: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["balance"]:
+        return cmd_balance(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)

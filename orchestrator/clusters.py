@@ -9,15 +9,14 @@ cross-field checks included, before anything is written or submitted.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
 
-from pydantic import AfterValidator, Field, model_validator
+from pydantic import AfterValidator, Field, ValidationError, model_validator
 
 from orchestrator import configfile, resources
 from orchestrator.errors import UserError
-from trainer.config import RunConfig, Section
+from trainer.config import DataConfig, OptimConfig, RunConfig, RuntimeConfig, Section, TrainConfig
 
 
 def _single_line(value: str) -> str:
@@ -185,6 +184,27 @@ class SystemDescription(Section):
     sw_notes: OneLine = ""
 
 
+class PhaseOneConfig(Section):
+    """Phase 1 (short sequences), trained once on one rank to make the checkpoint phase 2 starts from.
+
+    Model, runtime and MLPerf settings are the run's; the weights go to run.train.init_checkpoint,
+    and every later job skips phase 1 while that file exists.
+    """
+
+    data: DataConfig
+    optim: OptimConfig
+    train: TrainConfig
+    runtime: Optional[RuntimeConfig] = None  # default: the run's (at length 128 padding costs little)
+
+
+class PrepareConfig(Section):
+    """What a job builds before its runs when it is missing, once per machine (the embedded default)."""
+
+    # a dataset manifest: `bertctl data prepare --dataset <name>` (returns at once when it is complete)
+    dataset: Optional[str] = None
+    phase1: Optional[PhaseOneConfig] = None
+
+
 class ClusterConfig(Section):
     name: str
     description: OneLine = ""
@@ -197,6 +217,7 @@ class ClusterConfig(Section):
     experiments_dir: Optional[str] = None
     # the system description of an MLPerf submission (bertctl package); optional until you package
     system: Optional[SystemDescription] = None
+    prepare: PrepareConfig = PrepareConfig()
     run: RunConfig
 
     @model_validator(mode="before")
@@ -221,6 +242,33 @@ class ClusterConfig(Section):
     def world_size(self) -> int:
         return self.resources.nodes * self.resources.tasks_per_node
 
+    def phase1_run(self) -> RunConfig | None:
+        """The phase-1 run configuration: one rank, the run's model, writing run.train.init_checkpoint."""
+        p = self.prepare.phase1
+        if p is None:
+            return None
+        raw = {
+            "world_size": 1,
+            "model": self.run.model.model_dump(),
+            "data": p.data.model_dump(),
+            "optim": p.optim.model_dump(),
+            "train": {**p.train.model_dump(), "init_checkpoint": None},
+            "runtime": (p.runtime or self.run.runtime).model_dump(),
+            "checkpoint": {"final_model": self.run.train.init_checkpoint},
+            "mlperf": {**self.run.mlperf.model_dump(), "division": "open"},
+        }
+        try:
+            return RunConfig.model_validate(raw)
+        except ValidationError as e:
+            err = e.errors(include_url=False)[0]
+            message = err["msg"].removeprefix("Value error, ")
+            keys = ["prepare", "phase1", *(str(x) for x in err["loc"])]
+            named = configfile.KEYED_MESSAGE.match(message)  # a cross-field check names its own key
+            if named:
+                keys.append(named["key"])
+                message = named["rest"]
+            raise ValueError(f"{'.'.join(keys)}: {message}") from None
+
 
 def cluster_problems(c: ClusterConfig) -> list[str]:
     """Combinations that cannot run, found before anything is written or submitted."""
@@ -236,6 +284,13 @@ def cluster_problems(c: ClusterConfig) -> list[str]:
             problems.append("node.binding: executor local does not bind ranks to CPUs or NICs")
         if c.slurm.nexp_mode != "loop":
             problems.append("slurm.nexp_mode: executor local runs the experiments one after another: must be loop")
+    if c.prepare.dataset and not any((d / f"{c.prepare.dataset}.yaml").is_file() for d in resources.search_dirs("datasets")):
+        problems.append(f"prepare.dataset: no dataset manifest named '{c.prepare.dataset}' (see bertctl data list)")
+    if c.prepare.phase1 is not None:
+        if not c.run.train.init_checkpoint:
+            problems.append("prepare.phase1: writes run.train.init_checkpoint, which is not set")
+        else:
+            c.phase1_run()  # raises with the phase-1 key that is wrong
     rt, bal = c.run.runtime, c.run.balance
     if rt.device == "cuda" and c.resources.gpus_per_node < c.resources.tasks_per_node:
         problems.append(
@@ -250,43 +305,14 @@ def cluster_problems(c: ClusterConfig) -> list[str]:
     return problems
 
 
-@dataclass(frozen=True)
-class LoadedCluster:
-    """A validated cluster and where it came from (for the script's header and the registry)."""
-
-    config: ClusterConfig
-    path: Path
-    source: str  # how to name the file in a rendered script: shipped files by their short name
-    overrides: tuple[str, ...]
+# A validated cluster and where it came from (for the script's header and the registry).
+LoadedCluster = configfile.LoadedFile
 
 
 def cluster_files() -> dict[str, Path]:
-    """Every known cluster by name; user folders shadow shipped files of the same name."""
-    found: dict[str, Path] = {}
-    for folder in reversed(resources.search_dirs("clusters")):
-        for path in sorted(folder.glob("*.yaml")):
-            found[path.stem] = path
-    return dict(sorted(found.items()))
-
-
-def find_cluster_file(name: str) -> Path:
-    if name.endswith((".yaml", ".yml")) or "/" in name:
-        path = Path(name).expanduser()
-        if not path.is_file():
-            raise UserError("cluster file not found", where=name)
-        return path
-    known = cluster_files()
-    if name not in known:
-        raise UserError(f"unknown cluster '{name}' (known: {', '.join(known) or 'none'})", where="--cluster")
-    return known[name]
+    """Every known cluster by name; $BERTCTL_CLUSTERS folders shadow shipped files of the same name."""
+    return configfile.named_files("clusters")
 
 
 def load_cluster(name: str, overrides: list[str] | tuple[str, ...] = ()) -> LoadedCluster:
-    path = find_cluster_file(name)
-    raw = configfile.read_mapping(path)
-    raw = configfile.apply_overrides(raw, list(overrides), ClusterConfig)
-    where = str(path) if not overrides else f"{path} (with -o {' -o '.join(overrides)})"
-    config = configfile.validate(ClusterConfig, raw, where)
-    shipped = resources.shipped_dir("clusters")
-    source = f"clusters/{path.name}" if path.resolve().parent == shipped.resolve() else str(path)
-    return LoadedCluster(config=config, path=path, source=source, overrides=tuple(overrides))
+    return configfile.load_named("clusters", name, overrides, ClusterConfig, "cluster", "--cluster")

@@ -9,13 +9,58 @@ from __future__ import annotations
 import re
 import types
 import typing
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from orchestrator import resources
 from orchestrator.errors import UserError
+
+
+@dataclass(frozen=True)
+class LoadedFile:
+    """A validated config file and where it came from (for rendered scripts and the registry)."""
+
+    config: Any
+    path: Path
+    source: str  # shipped files by their short name (clusters/x.yaml), others by their path
+    overrides: tuple[str, ...]
+
+
+def named_files(kind: str) -> dict[str, Path]:
+    """Every file of a kind (clusters, datasets) by name; user folders shadow shipped files."""
+    found: dict[str, Path] = {}
+    for folder in reversed(resources.search_dirs(kind)):
+        for path in sorted(folder.glob("*.yaml")):
+            found[path.stem] = path
+    return dict(sorted(found.items()))
+
+
+def find_named_file(kind: str, name: str, noun: str, option: str) -> Path:
+    """A name from `named_files`, or a path to a YAML file."""
+    if name.endswith((".yaml", ".yml")) or "/" in name:
+        path = Path(name).expanduser()
+        if not path.is_file():
+            raise UserError(f"{noun} file not found", where=name)
+        return path
+    known = named_files(kind)
+    if name not in known:
+        raise UserError(f"unknown {noun} '{name}' (known: {', '.join(known) or 'none'})", where=option)
+    return known[name]
+
+
+def load_named(kind: str, name: str, overrides, model: type[BaseModel], noun: str, option: str) -> LoadedFile:
+    """Find, read, override and validate one config file; every failure is a one-line UserError."""
+    path = find_named_file(kind, name, noun, option)
+    raw = apply_overrides(read_mapping(path), list(overrides), model)
+    where = str(path) if not overrides else f"{path} (with -o {' -o '.join(overrides)})"
+    config = validate(model, raw, where)
+    shipped = resources.shipped_dir(kind)
+    source = f"{kind}/{path.name}" if path.resolve().parent == shipped.resolve() else str(path)
+    return LoadedFile(config=config, path=path, source=source, overrides=tuple(overrides))
 
 
 KEYED_MESSAGE = re.compile(r"^(?P<key>[a-z_]+(\.[a-z_]+)*): (?P<rest>.*)$", re.S)

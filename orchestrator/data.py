@@ -37,44 +37,21 @@ from trainer.config import DatasetManifest, expand_path
 WORKER = ["-m", "trainer.data.prepare"]
 
 
-@dataclass(frozen=True)
-class LoadedManifest:
-    config: DatasetManifest
-    path: Path
-    source: str  # how to name the file in a rendered script: shipped files by their short name
-    overrides: tuple[str, ...]
+# A validated manifest and where it came from.
+LoadedManifest = configfile.LoadedFile
 
 
 def manifest_files() -> dict[str, Path]:
     """Every known dataset by name; folders in $BERTCTL_DATASETS shadow shipped manifests."""
-    found: dict[str, Path] = {}
-    for folder in reversed(resources.search_dirs("datasets")):
-        for path in sorted(folder.glob("*.yaml")):
-            found[path.stem] = path
-    return dict(sorted(found.items()))
+    return configfile.named_files("datasets")
 
 
 def find_manifest(name: str) -> Path:
-    if name.endswith((".yaml", ".yml")) or "/" in name:
-        path = Path(name).expanduser()
-        if not path.is_file():
-            raise UserError("dataset manifest not found", where=name)
-        return path
-    known = manifest_files()
-    if name not in known:
-        raise UserError(f"unknown dataset '{name}' (known: {', '.join(known) or 'none'})", where="--dataset")
-    return known[name]
+    return configfile.find_named_file("datasets", name, "dataset manifest", "--dataset")
 
 
 def load_manifest(name: str, overrides: list[str] | tuple[str, ...] = ()) -> LoadedManifest:
-    path = find_manifest(name)
-    raw = configfile.read_mapping(path)
-    raw = configfile.apply_overrides(raw, list(overrides), DatasetManifest)
-    where = str(path) if not overrides else f"{path} (with -o {' -o '.join(overrides)})"
-    config = configfile.validate(DatasetManifest, raw, where)
-    shipped = resources.shipped_dir("datasets")
-    source = f"datasets/{path.name}" if path.resolve().parent == shipped.resolve() else str(path)
-    return LoadedManifest(config=config, path=path, source=source, overrides=tuple(overrides))
+    return configfile.load_named("datasets", name, overrides, DatasetManifest, "dataset", "--dataset")
 
 
 # ---- talking to the workers

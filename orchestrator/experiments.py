@@ -44,6 +44,7 @@ class Experiment:
     dir: str
     job_ids: list[str] = field(default_factory=list)  # one per run for arrays, else one
     submitted: bool = False
+    steps: list[str] = field(default_factory=list)  # preparatory steps before the runs: prepare, phase1
 
     @property
     def path(self) -> Path:

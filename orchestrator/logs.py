@@ -45,22 +45,32 @@ def show(exp: Experiment, run: int | None, rank: int | None, follow: bool, out: 
 
 def _follow(exp: Experiment, run: int, path: Path, keep, out: TextIO) -> int:
     """Stream new lines until the run records its exit or the job is over."""
+    follow_file(path, lambda: _run_over(exp, run), keep, out)
+    return 0
+
+
+def follow_step(exp: Experiment, step: str, out: TextIO) -> None:
+    """Stream a preparatory step's log (logs/STEP.log) until runs/STEP.exit appears or the job is over."""
+    done = lambda: (exp.path / "runs" / f"{step}.exit").exists() or status.collect([exp])[0].state.finished
+    follow_file(exp.path / "logs" / f"{step}.log", done, rank_filter(None), out)
+
+
+def follow_file(path: Path, done, keep, out: TextIO) -> None:
     offset, pending = 0, ""
     while True:
-        over = _run_over(exp, run)  # checked before reading, so nothing written before the end is missed
+        over = done()  # checked before reading, so nothing written before the end is missed
         if path.exists():
             with path.open("r", errors="replace") as f:
                 f.seek(offset)
                 chunk = f.read()
                 offset = f.tell()
-            text = pending + chunk
-            complete, _, pending = text.rpartition("\n")
+            complete, _, pending = (pending + chunk).rpartition("\n")
             if complete:
                 _copy(complete + "\n", keep, out)
         if over:
             if pending:
                 _copy(pending + "\n", keep, out)
-            return 0
+            return
         time.sleep(POLL_S)
 
 

@@ -69,6 +69,7 @@ def context(req: RenderRequest) -> dict:
         "env": sorted(c.node.env.items()),
         "mounts": ",".join(f"{m.host}:{m.container}" for m in c.container.mounts),
         "run_yaml": c.run.to_yaml(),
+        "phase1_yaml": c.phase1_run().to_yaml() if c.prepare.phase1 else None,
         "task_command": task_command(c, req.program),
         "local_command": local_command(c, req.program),
         "requeue_exit_code": REQUEUE_EXIT_CODE,

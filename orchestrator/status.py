@@ -18,7 +18,7 @@ from orchestrator import results, scheduler
 from orchestrator.experiments import Experiment
 from orchestrator.scheduler import JobInfo, State
 
-ERROR_LINE = re.compile(r"(?i)(error|exception|traceback|no such file|not found|killed|denied)")
+ERROR_LINE = re.compile(r"(?i)(error|exception|traceback|no such file|not found|killed|denied|unbound variable)")
 SRUN_PREFIX = re.compile(r"^\s*\d+: ")
 
 

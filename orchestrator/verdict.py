@@ -157,8 +157,10 @@ def print_report(report: Report, console) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title=escape(f"{report.label}: compliance with ruleset {report.ruleset} ({report.ruleset_reason})"),
-                  title_justify="left")
+    # the heading on its own line: as a table title it would be folded to the table's width
+    console.print(escape(f"{report.label}: compliance with ruleset {report.ruleset} ({report.ruleset_reason})"),
+                  highlight=False)
+    table = Table()
     for column in ("run", "checker", "converged", "samples", "minutes", "checker's message"):
         table.add_column(column, justify="right" if column in ("samples", "minutes") else "left")
     for r in report.runs:

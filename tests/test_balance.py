@@ -58,10 +58,12 @@ def test_group_local_presort_with_packing_meets_the_goal_at_1024_ranks():
 
 
 def test_balance_json_output_contract():
-    out = subprocess.run([sys.executable, "-m", "trainer.simulate_balance", "--ranks", "64", "--batch", "16",
-                          "--group", "8", "--strategy", "group-exchange", "--json", "--seed", "3"],
-                         capture_output=True, text=True, check=True).stdout
-    data = json.loads(out)
+    from conftest import run_bertctl
+
+    result = run_bertctl("balance", "--ranks", "64", "--batch", "16", "--group", "8", "--strategy", "group-exchange",
+                         "--json", "--seed", "3")
+    assert result.code == 0, result.err
+    data = json.loads(result.out)
     assert data["steps"] >= 50
     for field in ("max_over_mean_tokens", "max_over_mean_attention", "padding_share", "exchange_bytes_per_step"):
         assert field in data
@@ -74,7 +76,7 @@ def test_balance_json_output_contract():
 def test_bad_balance_input_is_one_line():
     proc = subprocess.run([sys.executable, "-m", "trainer.simulate_balance", "--ranks", "10", "--batch", "16", "--group", "4"],
                           capture_output=True, text=True)
-    assert proc.returncode == 2 and proc.stderr.strip() == "error: --group 4 must divide --ranks 10"
+    assert proc.returncode == 2 and proc.stderr.strip() == "bertctl balance: error: --group 4 must divide --ranks 10"
 
 
 @pytest.fixture()

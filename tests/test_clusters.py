@@ -89,7 +89,7 @@ def test_user_cluster_folder_comes_first(tmp_path, monkeypatch):
     ("name: x\n  bad: [indent", "invalid YAML"),
     ("- a\n- b\n", "expected a mapping of keys at the top level, got list"),
     ("name: x\n", "resources: required key is missing"),
-    ("name: x\nresoruces: {}\n", "unknown key 'resoruces' (valid keys here: container, description, executor, experiments_dir, name, node, resources, run, slurm, system)"),
+    ("name: x\nresoruces: {}\n", "unknown key 'resoruces' (valid keys here: container, description, executor, experiments_dir, name, node, prepare, resources, run, slurm, system)"),
 ])
 def test_malformed_files_give_one_line_with_the_file(tmp_path, content, message):
     path = tmp_path / "bad.yaml"
@@ -105,3 +105,17 @@ def test_missing_file_and_non_utf8(tmp_path):
     bad.write_bytes(b"name: caf\xe9\n")
     result = run_cli("render", "--cluster", str(bad))
     assert result.code == 2 and "cannot read file" in result.err
+
+
+def test_phase1_is_checked_like_a_run_and_named_as_such():
+    phase1 = load_cluster("local").config.phase1_run()
+    assert phase1.world_size == 1 and phase1.data.max_seq_length == 128
+    assert phase1.checkpoint.final_model == load_cluster("local").config.run.train.init_checkpoint
+    assert phase1.model == load_cluster("local").config.run.model and phase1.mlperf.division == "open"
+    with pytest.raises(UserError) as info:
+        load_cluster("local", ["prepare.phase1.train.batch_size=3"])
+    assert "prepare.phase1.train.global_batch_size: is 32 but ranks x batch_size x gradient_accumulation_steps = 1 x 3 x 1 = 3" in str(info.value)
+    with pytest.raises(UserError, match="prepare.dataset: no dataset manifest named 'wiki'"):
+        load_cluster("local", ["prepare.dataset=wiki"])
+    with pytest.raises(UserError, match="prepare.phase1: writes run.train.init_checkpoint, which is not set"):
+        load_cluster("local", ["run.train.init_checkpoint=null"])

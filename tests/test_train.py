@@ -157,3 +157,15 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
     assert "wrong.pt: tensor bert.embeddings.word_embeddings.weight has shape (64, 32), the model needs (64, 64)" in message
     world = trainer("--config", str(config), "--out", str(tmp_path / "out"), ranks=2)
     assert world.returncode != 0 and "made for 1 rank(s) (world_size) but the launcher started 2" in world.stderr
+
+
+def test_once_skips_a_phase_whose_final_model_exists(tmp_path):
+    final = tmp_path / "phase1" / "model.pt"
+    config = tiny_run_config(tmp_path, checkpoint={"final_model": str(final)}, optim={"max_steps": 3},
+                             train={"target_accuracy": 0.99}, mlperf={"division": "open"})
+    built = trainer("--config", str(config), "--out", str(tmp_path / "out"), "--once")
+    assert built.returncode == 0 and final.exists(), built.stderr[-1500:]
+    assert set(torch.load(final, weights_only=True)) == {"model"}
+    stamp = final.stat().st_mtime_ns
+    again = trainer("--config", str(config), "--out", str(tmp_path / "out"), "--once")
+    assert again.returncode == 0 and "exists: skipped" in again.stdout and final.stat().st_mtime_ns == stamp

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -45,10 +46,20 @@ def read_eval_samples(eval_dir: str, count: int) -> list[Sample]:
     return samples
 
 
+def unigram_baseline(samples: list[Sample]) -> float:
+    """The accuracy of always guessing the eval set's most frequent masked token: what "learned
+    nothing but token frequencies" scores."""
+    ids = np.concatenate([s.masked_lm_ids for s in samples])
+    return float(np.bincount(ids).max() / len(ids)) if len(ids) else 0.0
+
+
 class Evaluator:
     def __init__(self, eval_dir: str, count: int, batch_size: int, rank: int, world: int, unpadded: bool, device):
         start, end = rank_slice(count, rank, world)
-        mine = read_eval_samples(eval_dir, count)[start:end]
+        everything = read_eval_samples(eval_dir, count)
+        self.baseline = unigram_baseline(everything)
+        self.masked = sum(len(s.masked_lm_ids) for s in everything)
+        mine = everything[start:end]
         self.batches: list[Batch] = [
             collate(mine[i:i + batch_size], unpadded=unpadded).to(device) for i in range(0, len(mine), batch_size)
         ]

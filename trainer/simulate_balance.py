@@ -262,7 +262,7 @@ def _bytes(n: int) -> str:
 
 
 def _bad(message: str) -> int:
-    print(f"error: {message}", file=sys.stderr)
+    print(f"bertctl balance: error: {message}", file=sys.stderr)
     return 2
 
 

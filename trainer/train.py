@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import json
 import random
 import resource
@@ -51,6 +52,7 @@ class RunArgs:
     out: str
     run_index: int = 0
     seed: int | None = None
+    once: bool = False
 
 
 @dataclass
@@ -72,6 +74,7 @@ class StepStats:
     lr: float
     skipped: bool
     sequences: int  # trained in this step by all ranks (the global batch; varies when packing)
+    seconds: float = 0.0
 
 
 class Trainer:
@@ -124,18 +127,23 @@ class Trainer:
             self.mllog.run_start()
             self.mllog.block_start(0, self.state.next_eval)
         self.block_clock = time.perf_counter()  # throughput of each block, for tracked_stats
+        if self.evaluator:
+            self.say(f"eval set: {self.cfg.data.eval_samples} samples, {self.evaluator.masked} masked tokens; "
+                     f"guessing the most frequent one scores {self.evaluator.baseline:.3f} (the unigram baseline)")
         self.say(f"training: {self.cfg.world_size} rank(s) x {self.cfg.train.batch_size} x "
                  f"{self.cfg.train.gradient_accumulation_steps} = {self.cfg.train.global_batch_size} sequences per step, "
                  f"seed {self.seed}, {'resumed at update ' + str(self.state.updates) if self.resumed else 'from the start'}")
-        window_start, window = time.perf_counter(), []
+        window = []
         while self.state.status is None:
+            started = time.perf_counter()
             micro_batches = [self.next_batch() for _ in range(self.cfg.train.gradient_accumulation_steps)]
             step = self.train_step(micro_batches)
+            step.seconds = time.perf_counter() - started  # data + compute, evaluation excluded
             window.append(step)
             self.account(step)
             if self.state.updates % self.cfg.train.log_every_steps == 0 or self.state.status:
-                self.report(window, time.perf_counter() - window_start)
-                window_start, window = time.perf_counter(), []
+                self.report(window)
+                window = []
                 if self.stop.agreed(self.device):
                     self.save_checkpoint()
                     self.say(f"signal {self.stop.received}: checkpoint saved at update {self.state.updates}, exiting to be requeued")
@@ -211,8 +219,9 @@ class Trainer:
         if s.samples >= t.max_samples_termination or s.updates >= self.cfg.optim.max_steps:
             s.status = "aborted"
 
-    def report(self, window: list[StepStats], seconds: float) -> None:
+    def report(self, window: list[StepStats]) -> None:
         """Progress line and metrics for the last steps (one allreduce of a few numbers)."""
+        seconds = sum(w.seconds for w in window)
         sums = distributed.all_reduce_sum(torch.stack([w.loss for w in window]).sum(0)).tolist()
         last = distributed.all_reduce_sum(window[-1].loss.clone()).tolist()
         mlm_sum, nsp_sum, masked, sequences, tokens = sums
@@ -350,8 +359,11 @@ def parse_args(argv: list[str] | None) -> RunArgs:
     parser.add_argument("--out", help="output folder (default: the config's folder)")
     parser.add_argument("--run-index", type=int, default=0, help="run N of an experiment: writes result_N.txt")
     parser.add_argument("--seed", type=int, help="default: train.seed + run index")
+    parser.add_argument("--once", action="store_true",
+                        help="skip the run when checkpoint.final_model already exists (phase 1, built once per machine)")
     ns = parser.parse_args(argv)
-    return RunArgs(config=ns.config, out=ns.out or str(Path(ns.config).parent), run_index=ns.run_index, seed=ns.seed)
+    return RunArgs(config=ns.config, out=ns.out or str(Path(ns.config).parent), run_index=ns.run_index, seed=ns.seed,
+                   once=ns.once)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -367,14 +379,40 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(f"{args.config}: not a run configuration ({str(e).splitlines()[0]})")
     trainer = None
     try:
-        trainer = Trainer(cfg, args)
-        return trainer.run()
+        with built_once(cfg, args.once) as needed:
+            if not needed:
+                return 0
+            trainer = Trainer(cfg, args)
+            return trainer.run()
     except USER_ERRORS as e:
         return _fail(str(e))
     finally:
         if trainer is not None:
             trainer.close()
         distributed.close()
+
+
+@contextlib.contextmanager
+def built_once(cfg: RunConfig, once: bool):
+    """With --once: yields False when the final model exists, else trains under a lock on it, so two
+    jobs on one machine never build it twice (the second waits, then finds it)."""
+    target = cfg.checkpoint.final_model
+    if not once or not target:
+        yield True
+        return
+    path = Path(expand_path(target))
+    if path.exists():
+        print(f"{path} exists: skipped (delete it to train again)", flush=True)
+        yield False
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if path.exists():
+            print(f"{path} was built meanwhile: skipped", flush=True)
+            yield False
+        else:
+            yield True
 
 
 def _fail(message: str) -> int:

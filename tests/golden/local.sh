@@ -21,7 +21,7 @@ trap 'echo $? > "$EXP_DIR/job.exit"' EXIT
 mkdir -p "$EXP_DIR/results" "$EXP_DIR/logs" "$EXP_DIR/runs"
 
 # ---- the resolved run configuration every rank reads: the whole recipe
-cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_1367f27b3e7a44b7'
+cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_aa85995aedb26dfd'
 world_size: 1
 model:
   num_layers: 2
@@ -31,8 +31,8 @@ model:
   vocab_size: 8192
   max_position_embeddings: 512
   type_vocab_size: 2
-  hidden_dropout: 0.1
-  attention_dropout: 0.1
+  hidden_dropout: 0.0
+  attention_dropout: 0.0
   layer_norm_eps: 1.0e-12
   initializer_range: 0.02
 data:
@@ -41,21 +41,21 @@ data:
   max_seq_length: 512
   max_predictions_per_seq: 76
   num_workers: 1
-  eval_samples: 1000
+  eval_samples: 500
   streams: null
 optim:
   name: lamb
-  lr: 0.002
+  lr: 0.01
   betas:
   - 0.9
   - 0.999
   epsilon: 1.0e-06
   weight_decay: 0.01
   schedule: nvidia
-  warmup_steps: 10
+  warmup_steps: 0
   warmup_proportion: 0.0
   start_warmup_step: 0
-  max_steps: 400
+  max_steps: 500
   lr_max_steps: null
   end_lr: 0.0
   clip: local
@@ -64,14 +64,111 @@ train:
   batch_size: 16
   gradient_accumulation_steps: 1
   global_batch_size: 16
-  eval_batch_size: 64
-  max_samples_termination: 6400
-  target_accuracy: 0.4
-  eval_every_samples: 800
-  eval_start_samples: 800
+  eval_batch_size: 100
+  max_samples_termination: 8000
+  target_accuracy: 0.14
+  eval_every_samples: 1600
+  eval_start_samples: 1600
   init_checkpoint: $BERTCTL_HOME/datasets/sample/phase1_checkpoint/model.pt
   seed: 0
   log_every_steps: 10
+balance:
+  stratified: true
+  bin_quotas: null
+  exchange_padding: none
+  group_size: 8
+  snake: true
+  packing: false
+  pack_window: 1024
+runtime:
+  device: cpu
+  backend: gloo
+  precision: fp32
+  kernels: torch
+  unpad: true
+  dense_seq_output: true
+  nccl_warmup_steps: 0
+  init_loss_scale: 1048576.0
+  num_threads: 2
+checkpoint:
+  dir: null
+  keep: 3
+  every_steps: 0
+  final_model: null
+mlperf:
+  org: bertctl
+  division: open
+  status: research
+  platform: 1xCPU
+  ruleset: 5.0.0
+  legacy_keys: true
+BERTCTL_RUN_YAML_aa85995aedb26dfd
+
+
+# A preparatory step: its output goes to logs/NAME.log, its exit code to runs/NAME.exit.
+step() {
+  local name=$1 rc
+  shift
+  set +e
+  "$@" 2>&1 | tee -a "$EXP_DIR/logs/$name.log"
+  rc=${PIPESTATUS[0]}
+  set -e
+  echo "$rc" > "$EXP_DIR/runs/$name.exit"
+  return "$rc"
+}
+
+# ---- phase 1, trained once per machine: it writes the checkpoint the runs start from
+cat > "$EXP_DIR/phase1.yaml" <<'BERTCTL_PHASE1_YAML_eb82ecc3cd2ae445'
+world_size: 1
+model:
+  num_layers: 2
+  hidden_size: 128
+  num_heads: 2
+  intermediate_size: 512
+  vocab_size: 8192
+  max_position_embeddings: 512
+  type_vocab_size: 2
+  hidden_dropout: 0.0
+  attention_dropout: 0.0
+  layer_norm_eps: 1.0e-12
+  initializer_range: 0.02
+data:
+  train_dir: $BERTCTL_HOME/datasets/sample/train_128
+  eval_dir: $BERTCTL_HOME/datasets/sample/eval
+  max_seq_length: 128
+  max_predictions_per_seq: 20
+  num_workers: 1
+  eval_samples: 1000
+  streams: null
+optim:
+  name: lamb
+  lr: 0.01
+  betas:
+  - 0.9
+  - 0.999
+  epsilon: 1.0e-06
+  weight_decay: 0.01
+  schedule: nvidia
+  warmup_steps: 20
+  warmup_proportion: 0.0
+  start_warmup_step: 0
+  max_steps: 700
+  lr_max_steps: null
+  end_lr: 0.0
+  clip: local
+  max_grad_norm: 1.0
+train:
+  batch_size: 32
+  gradient_accumulation_steps: 1
+  global_batch_size: 32
+  eval_batch_size: 100
+  max_samples_termination: 22400
+  target_accuracy: 0.99
+  eval_every_samples: 22400
+  eval_start_samples: null
+  init_checkpoint: null
+  seed: 0
+  log_every_steps: 100
 balance:
   stratified: false
   bin_quotas: null
@@ -94,7 +191,7 @@ checkpoint:
   dir: null
   keep: 3
   every_steps: 0
-  final_model: null
+  final_model: $BERTCTL_HOME/datasets/sample/phase1_checkpoint/model.pt
 mlperf:
   org: bertctl
   division: open
@@ -102,8 +199,11 @@ mlperf:
   platform: 1xCPU
   ruleset: 5.0.0
   legacy_keys: true
-BERTCTL_RUN_YAML_1367f27b3e7a44b7
+BERTCTL_PHASE1_YAML_eb82ecc3cd2ae445
 
+# ---- prerequisites, built once per machine (each step returns at once when its result exists)
+step prepare "$PYTHON" -m orchestrator data prepare --dataset sample
+step phase1 "$PYTHON" -u -m trainer --config "$EXP_DIR/phase1.yaml" --out "$EXP_DIR/phase1" --once
 
 # One run: clear caches, log cache_clear, then 1 rank(s) on this machine.
 # (Called as `run_one || ...`, where bash ignores set -e: every step checks its own status.)
@@ -118,8 +218,9 @@ run_one() {
       { echo "error: could not log cache_clear to $result" | tee -a "$log"; return 1; }
     touch "$EXP_DIR/runs/$i.started"
   fi
+  export BERTCTL_RUN_INDEX=$i BERTCTL_SEED=$seed
   set +e
-  BERTCTL_RUN_INDEX=$i BERTCTL_SEED=$seed "$PYTHON" -u -m trainer --config "$EXP_DIR/run.yaml" --out "$EXP_DIR" --run-index "$BERTCTL_RUN_INDEX" --seed "$BERTCTL_SEED" 2>&1 | tee -a "$log"
+  "$PYTHON" -u -m trainer --config "$EXP_DIR/run.yaml" --out "$EXP_DIR" --run-index "$BERTCTL_RUN_INDEX" --seed "$BERTCTL_SEED" 2>&1 | tee -a "$log"
   local rc=${PIPESTATUS[0]}
   set -e
   echo "=== run $i exited with $rc, $(date -Is)" | tee -a "$log"

@@ -1,0 +1,90 @@
+"""The embedded default end to end, as the README tells a newcomer to run it:
+
+- on this machine: `bertctl submit --cluster local --nexp 2 --follow` builds the sample dataset and
+  the phase-1 checkpoint (once), runs two phase-2 runs through submitit's local executor, checks
+  them with the official MLPerf checker and draws the convergence plot;
+- on the CI's real Slurm: the same experiment as a 2-node job with 2 gloo ranks per node, exchange
+  padding and bucket-wise clipping, followed through sacct, its log streamed, its runs checked.
+
+Both share one $BERTCTL_HOME, so the dataset and phase 1 are built once for the session.
+"""
+
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import run_bertctl
+
+MAIN_JOB = ["submit", "--cluster", "local", "--nexp", "2", "--follow"]  # the README's main job, word for word
+
+
+@pytest.fixture(scope="session")
+def demo_home(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("demo-home")
+
+
+@pytest.fixture(scope="session")
+def local_demo(demo_home):
+    started = time.time()
+    result = run_bertctl(*MAIN_JOB, env={"BERTCTL_HOME": str(demo_home)}, timeout=1500)
+    return result, time.time() - started
+
+
+@pytest.mark.slow
+def test_the_main_job_trains_bert_in_two_phases_and_checks_it(local_demo, demo_home):
+    result, seconds = local_demo
+    assert result.code == 0, result.err[-3000:]
+    exp_id = result.out.strip()
+    err = result.err
+    for section in ("--- prepare ---", "--- phase1 ---", "--- run 0 ---", "--- run 1 ---"):
+        assert section in err
+    baseline = float(re.search(r"scores (0\.\d+) \(the unigram baseline\)", err).group(1))
+    phase1_log = err.split("--- phase1 ---")[1].split("--- run 0 ---")[0]
+    phase1 = float(re.findall(r"eval at \d+ samples: mlm accuracy (0\.\d+)", phase1_log)[-1])
+    assert 0.05 < baseline < 0.08 and phase1 > 2 * baseline  # the model learned much more than frequencies
+    assert err.count("run_stop: success") == 2
+    assert "division: open, because the target accuracy" in err and "below MLPerf's 0.72" in err
+    assert "score: no olympic score with 2 run(s) (MLPerf needs 10); mean time to train:" in err
+    png = Path(re.search(r"plot: (\S+\.png)", err).group(1))
+    assert png.stat().st_size > 10_000
+    view = json.loads(run_bertctl("status", exp_id, "--json", env={"BERTCTL_HOME": str(demo_home)}).out)["experiments"][0]
+    assert view["state"] == "COMPLETED" and [r["outcome"] for r in view["runs"]] == ["success", "success"]
+    assert all(r["accuracy"] >= 0.14 for r in view["runs"])
+    check = run_bertctl("compliance-check", exp_id, "--no-score", "--json", env={"BERTCTL_HOME": str(demo_home)})
+    assert check.code == 0 and json.loads(check.out)["passed"] is True
+    print(f"main job: {seconds:.0f} s, baseline {baseline}, phase 1 {phase1}, "
+          f"phase 2 {[round(r['accuracy'], 4) for r in view['runs']]}")
+
+
+@pytest.mark.slow
+@pytest.mark.slurm
+def test_the_same_experiment_on_the_ci_slurm_cluster(slurm, local_demo, demo_home):
+    env = {"BERTCTL_HOME": str(demo_home)}
+    submitted = run_bertctl("submit", "--cluster", "ci_slurm", "--nexp", "2", env=env)
+    assert submitted.code == 0, submitted.err
+    exp_id = submitted.out.strip()
+    streamed = run_bertctl("logs", exp_id, "--run", "1", "-f", env=env, timeout=1500)  # waits for run 1 to end
+    assert streamed.code == 0 and "run_stop: success" in streamed.out
+    assert "0: training: 4 rank(s) x 4 x 1 = 16 sequences per step" in streamed.out
+    states, deadline = [], time.time() + 300
+    while time.time() < deadline:
+        view = json.loads(run_bertctl("status", exp_id, "--json", env=env).out)["experiments"][0]
+        states.append(view["state"])
+        if view["state"] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
+            break
+        time.sleep(1)
+    assert states[-1] == "COMPLETED", (states, view)
+    assert [r["nodes"] for r in view["runs"]] == [2, 2]
+    run_yaml = (demo_home / "experiments" / exp_id / "run.yaml").read_text()
+    assert "exchange_padding: group" in run_yaml and "clip: bucket" in run_yaml
+    check = run_bertctl("compliance-check", exp_id, "--no-score", env=env)
+    assert check.code == 0, check.err[-2000:]
+    # the README's tour, word for word, on this experiment (the newest: `last`)
+    tour = {"status last": "COMPLETED", "logs last --run 1 --rank 0": "0: run_stop: success",
+            "compliance-check last --no-score": "PASSED", "plot last": "convergence.png"}
+    for command, expected in tour.items():
+        result = run_bertctl(*command.split(), env=env)
+        assert result.code == 0 and expected in result.out + result.err, command
