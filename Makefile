@@ -2,8 +2,10 @@
 #   make demo   environment + install + the main job on this machine (no GPU, no Slurm)
 #   make test   environment + install + the whole test suite (what .ci/run calls)
 PYTHON ?= python3
-# the CPU build of PyTorch; an unpinned torch would pull several GB of CUDA packages
+# PyTorch, pinned. PyPI's Linux wheel is the CUDA build (several GB of nvidia-* packages); for the
+# CPU build on a machine without a local CPU wheel: make demo TORCH_INDEX=https://download.pytorch.org/whl/cpu
 TORCH ?= torch==2.13.0
+TORCH_INDEX ?=
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -15,7 +17,7 @@ env: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q "$(TORCH)"
+	$(BIN)/python -m pip install -q "$(TORCH)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(BIN)/python -m pip install -q -e '.[test]'
 	touch $@
 

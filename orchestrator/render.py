@@ -69,11 +69,19 @@ def context(req: RenderRequest) -> dict:
         "env": sorted(c.node.env.items()),
         "mounts": ",".join(f"{m.host}:{m.container}" for m in c.container.mounts),
         "run_yaml": c.run.to_yaml(),
+        "prerequisites": prerequisites(c, req.program),
         "phase1_yaml": c.phase1_run().to_yaml() if c.prepare.phase1 else None,
         "task_command": task_command(c, req.program),
         "local_command": local_command(c, req.program),
         "requeue_exit_code": REQUEUE_EXIT_CODE,
     }
+
+
+def prerequisites(c: ClusterConfig, program: Program) -> list[str]:
+    """The steps a training job runs before its runs (the probe only checks the launch path)."""
+    if program != "train":
+        return []
+    return [name for name, wanted in (("prepare", c.prepare.dataset), ("phase1", c.prepare.phase1)) if wanted]
 
 
 def seeds(c: ClusterConfig, nexp: int) -> list[int]:

@@ -66,7 +66,7 @@ def submit(cluster: LoadedCluster, nexp: int, program: str = "train") -> Experim
         script=name,
         created=time.time(),
         dir="",
-        steps=[name for name, on in (("prepare", config.prepare.dataset), ("phase1", config.prepare.phase1)) if on],
+        steps=rendering.prerequisites(config, program),
     )
     home = Path(config.experiments_dir).expanduser() if config.experiments_dir else None
     files = {

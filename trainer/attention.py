@@ -1,10 +1,12 @@
 """Attention kernels: padded (SDPA with a key mask) and variable-length (real tokens only).
 
 The variable-length form takes a packed token stream [T, heads, head_dim] and `cu_seqlens`, the
-sequence offsets, so no work is spent on padding. On CUDA it uses a flash-attention varlen kernel
-(the `flash_attn` package when installed, which supports dropout; torch's own `varlen_attn` when no
-dropout is needed); elsewhere it runs SDPA once per sequence, which on CPU is both exact and the
-fastest option measured (130 ms vs 500 ms for the masked padded form on 16 real-length sequences).
+sequence offsets, so no work is spent on padding. On CUDA in fp16/bf16 it uses a flash-attention
+varlen kernel (the `flash_attn` package when installed, which supports dropout; torch's own
+`varlen_attn` when no dropout is needed). Otherwise, including CUDA with attention dropout and no
+`flash_attn`, it runs SDPA once per sequence: on the CPU that is both exact and the fastest option
+measured (130 ms vs 500 ms for the masked padded form on 16 real-length sequences); on a GPU it is
+correct but launches many small kernels, so install flash_attn there.
 """
 
 from __future__ import annotations

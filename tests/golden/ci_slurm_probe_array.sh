@@ -119,102 +119,6 @@ BERTCTL_RUN_YAML_03248cdabd644cd3
 # Drop the page cache (root, or passwordless sudo for sysctl), as the MLPerf rules ask before each run.
 DROP_CACHES='sync && if [ "$(id -u)" -eq 0 ]; then /sbin/sysctl -q vm.drop_caches=3; else sudo -n /sbin/sysctl -q vm.drop_caches=3; fi'
 
-# A preparatory step: its output goes to logs/NAME.log, its exit code to runs/NAME.exit.
-step() {
-  local name=$1 rc
-  shift
-  set +e
-  "$@" 2>&1 | tee -a "$EXP_DIR/logs/$name.log"
-  rc=${PIPESTATUS[0]}
-  set -e
-  echo "$rc" > "$EXP_DIR/runs/$name.exit"
-  return "$rc"
-}
-
-# ---- phase 1, trained once per machine: it writes the checkpoint the runs start from
-cat > "$EXP_DIR/phase1.yaml" <<'BERTCTL_PHASE1_YAML_0cd47d0e7ce12a24'
-world_size: 1
-model:
-  num_layers: 2
-  hidden_size: 128
-  num_heads: 2
-  intermediate_size: 512
-  vocab_size: 8192
-  max_position_embeddings: 512
-  type_vocab_size: 2
-  hidden_dropout: 0.0
-  attention_dropout: 0.0
-  layer_norm_eps: 1.0e-12
-  initializer_range: 0.02
-data:
-  train_dir: $BERTCTL_HOME/datasets/sample/train_128
-  eval_dir: $BERTCTL_HOME/datasets/sample/eval
-  max_seq_length: 128
-  max_predictions_per_seq: 20
-  num_workers: 0
-  eval_samples: 1000
-  streams: null
-optim:
-  name: lamb
-  lr: 0.01
-  betas:
-  - 0.9
-  - 0.999
-  epsilon: 1.0e-06
-  weight_decay: 0.01
-  schedule: nvidia
-  warmup_steps: 20
-  warmup_proportion: 0.0
-  start_warmup_step: 0
-  max_steps: 700
-  lr_max_steps: null
-  end_lr: 0.0
-  clip: local
-  max_grad_norm: 1.0
-train:
-  batch_size: 32
-  gradient_accumulation_steps: 1
-  global_batch_size: 32
-  eval_batch_size: 100
-  max_samples_termination: 22400
-  target_accuracy: 0.99
-  eval_every_samples: 22400
-  eval_start_samples: null
-  init_checkpoint: null
-  seed: 0
-  log_every_steps: 100
-balance:
-  stratified: false
-  bin_quotas: null
-  exchange_padding: none
-  group_size: 8
-  snake: true
-  packing: false
-  pack_window: 1024
-runtime:
-  device: cpu
-  backend: gloo
-  precision: fp32
-  kernels: torch
-  unpad: false
-  dense_seq_output: true
-  nccl_warmup_steps: 0
-  init_loss_scale: 1048576.0
-  num_threads: 2
-checkpoint:
-  dir: null
-  keep: 3
-  every_steps: 0
-  final_model: $BERTCTL_HOME/datasets/sample/phase1_checkpoint/model.pt
-mlperf:
-  org: bertctl
-  division: open
-  status: research
-  platform: 2xCPU
-  ruleset: 5.0.0
-  legacy_keys: true
-BERTCTL_PHASE1_YAML_0cd47d0e7ce12a24
-
 # ---- the per-rank launch
 cat > "$EXP_DIR/task.sh" <<'BERTCTL_TASK_96ed6b4438f6c6b5'
 #!/bin/bash
@@ -226,10 +130,6 @@ BERTCTL_TASK_96ed6b4438f6c6b5
 CONTAINER=()
 
 on_every_node() { srun --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 "$@"; }
-
-# ---- prerequisites, built once per machine (each step returns at once when its result exists)
-step prepare srun --ntasks=1 --nodes=1 "${CONTAINER[@]}" "$PYTHON" -m orchestrator data prepare --dataset sample
-step phase1 srun --ntasks=1 --nodes=1 "${CONTAINER[@]}" "$PYTHON" -u -m trainer --config "$EXP_DIR/phase1.yaml" --out "$EXP_DIR/phase1" --once
 
 # One MLPerf run: clear caches, log cache_clear once per node, then all ranks. A run that already
 # finished is skipped, so a requeued job picks up where it stopped. (Called as `run_one || ...`,
