@@ -11,6 +11,8 @@ from pathlib import Path
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from trainer.distributed import exit_process
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -37,3 +39,4 @@ def _entry(rank: int, fn, world: int, port: int, args: tuple, out: str) -> None:
     finally:
         dist.destroy_process_group()
     (Path(out) / f"{rank}.pkl").write_bytes(pickle.dumps(result))
+    exit_process(0)  # what the trainer does too: no interpreter teardown under live gloo threads

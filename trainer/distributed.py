@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import datetime
 import os
+import sys
 
 import torch
 import torch.distributed as dist
 
 from trainer.config import RunConfig
 from trainer.dist_env import DistEnv, detect
+
+
+_group_created = False  # set once this process has joined a process group (see exit_process)
 
 
 class LaunchError(Exception):
@@ -36,6 +40,8 @@ def init(cfg: RunConfig) -> tuple[DistEnv, torch.device]:
             timeout=datetime.timedelta(minutes=10),
             **kwargs,
         )
+        global _group_created
+        _group_created = True
     return env, device
 
 
@@ -66,3 +72,21 @@ def initialized() -> bool:
 def close() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def group_was_used() -> bool:
+    return _group_created
+
+
+def exit_process(code: int) -> None:
+    """End a rank that used a process group, skipping the interpreter's teardown.
+
+    DDP keeps its process group alive after destroy_process_group(), so the gloo worker threads
+    outlive main(); one of them may still be releasing the tensors of a finished collective, which
+    needs the GIL. If that happens while Python finalises, the thread is killed inside a C++
+    destructor and the process aborts (SIGABRT) after a successful run. Everything the run writes
+    is closed by now, so flush the standard streams and leave at once with the run's exit code.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
