@@ -1,7 +1,7 @@
 """The `bertctl` command line. One small function per verb; heavy imports happen inside them.
 
-stdout carries only what a script would consume (a script, an experiment id, JSON, a log);
-prose, tables and progress go to stderr. Exit codes: 0 success, 1 the work failed, 2 bad input.
+stdout carries what the verb was asked for (a script, an experiment id, the status table or JSON,
+a log), so it can be piped; prose, reports and progress go to stderr. Exit codes: 0 success, 1 the work failed, 2 bad input.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     elif not views:
         print(f"no experiments yet in {experiments.registry_dir()}", file=sys.stderr)
     else:
-        status.print_table(views, stderr_console())
+        status.print_table(views, console(sys.stdout))
     return 0
 
 
@@ -200,11 +200,15 @@ def add_data_verbs(verb) -> None:
     p.add_argument("--output", required=True, metavar="FILE", help="the PyTorch file to write ({'model': state_dict})")
 
 
-def stderr_console():
-    """A rich console on stderr; wide when it is not a terminal, so batch logs do not fold tables."""
+def console(stream):
+    """A rich console on `stream`; wide when it is not a terminal, so pipes and batch logs do not fold tables."""
     from rich.console import Console
 
-    return Console(stderr=True, width=None if sys.stderr.isatty() else 200)
+    return Console(file=stream, width=None if stream.isatty() else 200)
+
+
+def stderr_console():
+    return console(sys.stderr)
 
 
 def cmd_balance(argv: list[str]) -> int:

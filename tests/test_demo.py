@@ -45,6 +45,7 @@ def test_the_main_job_trains_bert_in_two_phases_and_checks_it(local_demo, demo_h
     phase1_log = err.split("--- phase1 ---")[1].split("--- run 0 ---")[0]
     phase1 = float(re.findall(r"eval at \d+ samples: mlm accuracy (0\.\d+)", phase1_log)[-1])
     assert 0.05 < baseline < 0.08 and phase1 > 2 * baseline  # the model learned much more than frequencies
+    assert "run_stop: aborted (max_steps 700 reached before the target accuracy 0.99)" in phase1_log  # fixed length
     assert err.count("run_stop: success") == 2
     assert "division: open, because the target accuracy" in err and "below MLPerf's 0.72" in err
     assert "score: no olympic score with 2 run(s) (MLPerf needs 10); mean time to train:" in err
@@ -88,3 +89,4 @@ def test_the_same_experiment_on_the_ci_slurm_cluster(slurm, local_demo, demo_hom
     for command, expected in tour.items():
         result = run_bertctl(*command.split(), env=env)
         assert result.code == 0 and expected in result.out + result.err, command
+    assert "COMPLETED" in run_bertctl("status", "last", env=env).out  # the table is the verb's output: pipeable

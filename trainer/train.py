@@ -153,7 +153,7 @@ class Trainer:
         if self.state.block_start < self.state.samples:  # a block the run ended in without an eval
             self.mllog.block_stop(self.state.block_start, self.state.samples)
         self.mllog.run_stop(self.state.status, self.state.samples)
-        self.say(f"run_stop: {self.state.status} after {self.state.samples} samples "
+        self.say(f"run_stop: {self.state.status}{self.stop_reason()} after {self.state.samples} samples "
                  f"({self.state.updates} updates, {self.state.skipped} skipped), eval accuracy {self.state.accuracy}")
         if self.cfg.checkpoint.final_model and self.rank0:
             write_model(expand_path(self.cfg.checkpoint.final_model), self.model)
@@ -218,6 +218,15 @@ class Trainer:
             self.block_clock = time.perf_counter()
         if s.samples >= t.max_samples_termination or s.updates >= self.cfg.optim.max_steps:
             s.status = "aborted"
+
+    def stop_reason(self) -> str:
+        """Why an aborted run stopped: MLPerf calls every run that missed its target 'aborted', which
+        reads like a crash to a newcomer watching a fixed-length phase 1."""
+        if self.state.status != "aborted":
+            return ""
+        limit = ("max_steps", self.cfg.optim.max_steps) if self.state.updates >= self.cfg.optim.max_steps \
+            else ("max_samples_termination", self.cfg.train.max_samples_termination)
+        return f" ({limit[0]} {limit[1]} reached before the target accuracy {self.cfg.train.target_accuracy})"
 
     def report(self, window: list[StepStats]) -> None:
         """Progress line and metrics for the last steps (one allreduce of a few numbers)."""
