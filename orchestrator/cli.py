@@ -86,6 +86,10 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
     exp = experiments.find(args.experiment)
     if exp.executor == "local":
+        if not any(scheduler.local_controller_alive(job) for job in exp.job_ids):
+            print(f"{exp.id} has already ended: nothing to cancel", file=sys.stderr)  # keep its real outcome
+            print(exp.id)
+            return 0
         (exp.path / "job.cancelled").touch()
         for job in exp.job_ids:
             scheduler.signal_local(job, signal.SIGINT)
@@ -116,7 +120,10 @@ def cmd_package(args: argparse.Namespace) -> int:
     from orchestrator import experiments, package, resultset
 
     rs = resultset.from_experiment(experiments.find(args.experiment))
-    verdict = package.package(rs, args.org, Path(args.out), ruleset=args.ruleset, system_id=args.system)
+    try:
+        verdict = package.package(rs, args.org, Path(args.out), ruleset=args.ruleset, system_id=args.system)
+    except OSError as e:
+        raise UserError(f"--out: cannot write the package under {args.out}: {e.strerror}") from None
     package.print_verdict(verdict, stderr_console())
     print(verdict.org_dir)
     return 0 if verdict.passed else 1
@@ -127,8 +134,14 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
     from orchestrator import plot, resultset
 
+    if args.out and Path(args.out).suffix.lower() != ".png":
+        raise UserError(f"--out: the plot is a PNG file: the name must end in .png, got {args.out!r}")
     rs = resultset.load(args.experiment, args.results)
-    out = plot.plot(rs, Path(args.out) if args.out else plot.default_output(rs))
+    target = Path(args.out) if args.out else plot.default_output(rs)
+    try:
+        out = plot.plot(rs, target)
+    except OSError as e:
+        raise UserError(f"--out: cannot write {target}: {e.strerror}") from None
     print(out)
     return 0
 

@@ -38,9 +38,9 @@ def _mount_path(value: str) -> str:
 
 OneLine = Annotated[str, AfterValidator(_single_line)]
 MountPath = Annotated[str, AfterValidator(_mount_path)]
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-TIME_RE = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$|^\d+$")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*\Z")  # \Z: "$" would let a final newline through
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+TIME_RE = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}\Z|^\d+\Z")
 
 
 class Resources(Section):

@@ -58,6 +58,10 @@ def load_named(kind: str, name: str, overrides, model: type[BaseModel], noun: st
     raw = apply_overrides(read_mapping(path), list(overrides), model)
     where = str(path) if not overrides else f"{path} (with -o {' -o '.join(overrides)})"
     config = validate(model, raw, where)
+    by_name = path != Path(name).expanduser()
+    if by_name and getattr(config, "name", name) != name:  # ids, scripts and `submit` hints use `name:`
+        raise UserError(f"must be the file's name {name!r} ({option} finds the file by it), got {config.name!r}",
+                        where=where, key="name")
     shipped = resources.shipped_dir(kind)
     source = f"{kind}/{path.name}" if path.resolve().parent == shipped.resolve() else str(path)
     return LoadedFile(config=config, path=path, source=source, overrides=tuple(overrides))

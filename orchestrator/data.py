@@ -32,7 +32,7 @@ from typing import Callable
 
 from orchestrator import __version__, configfile, resources
 from orchestrator.errors import UserError, WorkFailed
-from trainer.config import DatasetManifest, expand_path
+from trainer.config import DatasetManifest, PathError, expand_path
 
 WORKER = ["-m", "trainer.data.prepare"]
 
@@ -430,7 +430,7 @@ def verify(loaded: LoadedManifest, as_json: bool = False, stats_files: int | Non
         args = [sys.executable, *WORKER, "verify", "--manifest", str(manifest_file)]
         args += (["--json"] if as_json else []) + (["--stats-files", str(stats_files)] if stats_files else [])
         proc = subprocess.run(args, capture_output=True, text=True, env=worker_env())
-    if proc.returncode not in (0, 1):
+    if proc.returncode not in (0, 1) or not proc.stdout.strip():  # failed checks come with a report; a crash without
         raise worker_failure(proc.returncode, proc.stderr, "verify")
     return proc.returncode, proc.stdout
 
@@ -447,7 +447,11 @@ def describe(path: Path) -> str:
 
 def convert_checkpoint(tf_checkpoint: str, bert_config: str, output: str) -> str:
     out = Path(output).expanduser().resolve()
-    worker_args = ["--tf-checkpoint", expand_path(tf_checkpoint), "--bert-config", expand_path(bert_config), "--output", str(out)]
+    try:
+        worker_args = ["--tf-checkpoint", expand_path(tf_checkpoint), "--bert-config", expand_path(bert_config),
+                       "--output", str(out)]
+    except PathError as e:
+        raise UserError(str(e)) from None
     proc = subprocess.run([sys.executable, "-m", "trainer.convert_checkpoint", *worker_args],
                           capture_output=True, text=True, env=worker_env())
     if proc.returncode != 0:

@@ -25,7 +25,7 @@ from orchestrator.errors import UserError
 BENCHMARK = "bert"
 SUCCESS = "PACKAGE CHECKER FOUND NO ERRORS, SUCCESS !"
 VERDICT = "PACKAGE CHECKER FOUND"
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")  # repo_checker: no spaces, no leading dot
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*\Z")  # repo_checker: no spaces, no leading dot
 # Field order of mlperf_logging's system_desc_checker; `submitter` and `division` come from the package.
 SYSTEM_FIELDS = (
     "submitter", "division", "status", "system_name", "number_of_nodes", "host_processors_per_node",

@@ -26,6 +26,7 @@ from orchestrator import experiments, render as rendering
 from orchestrator.clusters import LoadedCluster
 from orchestrator.errors import UserError
 from orchestrator.experiments import Experiment
+from trainer.config import PathError, expand_path
 
 
 class ScriptSlurmExecutor(submitit.SlurmExecutor):
@@ -68,7 +69,7 @@ def submit(cluster: LoadedCluster, nexp: int, program: str = "train") -> Experim
         dir="",
         steps=rendering.prerequisites(config, program),
     )
-    home = Path(config.experiments_dir).expanduser() if config.experiments_dir else None
+    home = experiments_home(cluster)
     files = {
         name: script,
         "run.yaml": config.run.to_yaml(),
@@ -165,3 +166,19 @@ def _last_line(text: str) -> str:
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     errors = [line for line in lines if "error" in line.lower()]
     return (errors or lines or ["(no output)"])[-1]
+
+
+def experiments_home(cluster: LoadedCluster) -> Path | None:
+    """The cluster's experiments_dir, expanded here (it is read from this machine): absolute, or an error."""
+    value = cluster.config.experiments_dir
+    if not value:
+        return None
+    try:
+        path = Path(expand_path(value))
+    except PathError as e:
+        raise UserError(str(e), where=str(cluster.source), key="experiments_dir") from None
+    if not path.is_absolute():
+        raise UserError(f"must be an absolute path (after ~ and $VARS), got {value!r}",
+                        where=str(cluster.source), key="experiments_dir")
+    return path
+

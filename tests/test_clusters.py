@@ -83,6 +83,9 @@ def test_user_cluster_folder_comes_first(tmp_path, monkeypatch):
     monkeypatch.setenv("BERTCTL_CLUSTERS", str(tmp_path))
     loaded = load_cluster("mine")
     assert loaded.config.name == "mine" and loaded.source == str(tmp_path / "mine.yaml")
+    (tmp_path / "copied.yaml").write_text(text)  # copied but not renamed inside: found by a name it does not carry
+    with pytest.raises(UserError, match=r"name: must be the file's name 'copied' \(--cluster finds the file by it\), got 'mine'"):
+        load_cluster("copied")
 
 
 @pytest.mark.parametrize("content,message", [

@@ -50,6 +50,19 @@ def test_bad_requests_exit_2_with_one_line_and_write_nothing(bertctl_home, args,
     assert not (bertctl_home / "datasets").exists()
 
 
+@pytest.mark.parametrize("args", [
+    ["data", "prepare", "--dataset", "sample", "-o", "root=$BERTCTL_TEST_UNSET/d"],
+    ["data", "verify", "--dataset", "sample", "-o", "root=$BERTCTL_TEST_UNSET/d"],
+    ["convert-checkpoint", "--tf-checkpoint", "$BERTCTL_TEST_UNSET/ck", "--bert-config", "c.json", "--output", "o.pt"],
+])
+def test_an_unset_variable_in_a_path_is_a_user_error(bertctl_home, monkeypatch, args):
+    monkeypatch.delenv("BERTCTL_TEST_UNSET", raising=False)
+    result = run_cli(*args)
+    assert result.code == 2 and result.out == "", result.err
+    assert result.err.startswith("bertctl: error: path '$BERTCTL_TEST_UNSET/") and result.err.count("\n") == 1
+    assert "uses $BERTCTL_TEST_UNSET, which is not set in this environment" in result.err
+
+
 def test_the_control_plane_never_imports_torch(tmp_path):
     code = ("import sys; from orchestrator.cli import main\n"
             "for argv in (['data', 'list'], ['data', 'prepare', '--dataset', 'mlperf_wiki'], ['data', 'verify', '--dataset', 'sample'],\n"

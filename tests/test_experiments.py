@@ -74,3 +74,26 @@ def test_find_by_prefix_last_and_errors():
 def test_empty_registry_says_how_to_fill_it():
     with pytest.raises(UserError, match="bertctl submit creates them"):
         experiments.find("last")
+
+
+def test_cancelling_a_finished_local_experiment_keeps_its_outcome(bertctl_home):
+    from conftest import run_cli
+
+    exp = experiments.create(dataclasses.replace(make(), executor="local", job_ids=["999999999"]),
+                             {"job.sbatch": "#!/bin/bash\n", "job.exit": "0\n"})
+    result = run_cli("cancel", exp.id)
+    assert result.code == 0 and "has already ended: nothing to cancel" in result.err
+    assert not (exp.path / "job.cancelled").exists()
+
+
+@pytest.mark.parametrize("value, message", [
+    ("relative/dir", "experiments_dir: must be an absolute path (after ~ and $VARS), got 'relative/dir'"),
+    ("/shared/$BERTCTL_TEST_UNSET/x", "uses $BERTCTL_TEST_UNSET, which is not set"),
+])
+def test_a_bad_experiments_dir_is_refused_before_anything_is_written(bertctl_home, monkeypatch, value, message):
+    from conftest import run_cli
+
+    monkeypatch.delenv("BERTCTL_TEST_UNSET", raising=False)
+    result = run_cli("submit", "--cluster", "local", "--nexp", "1", "-o", f"experiments_dir={value}")
+    assert result.code == 2 and result.out == "" and message in result.err and result.err.count("\n") == 1, result.err
+    assert not (bertctl_home / "experiments").exists() or experiments.load_all() == []

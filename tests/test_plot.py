@@ -88,3 +88,10 @@ def test_tiny_runs_are_plotted_in_thousands_of_samples():
 def test_plot_bad_input_is_one_line(tmp_path):
     result = run_cli("plot", "--results", str(tmp_path))
     assert result.code == 2 and result.out == "" and "no result_*.txt logs" in result.err and result.err.count("\n") == 1
+
+
+@pytest.mark.parametrize("name, message", [("plot.txt", "the name must end in .png"), ("a-file/x.png", "cannot write")])
+def test_a_bad_output_path_is_one_line(tmp_path, name, message):
+    (tmp_path / "a-file").write_text("not a folder")
+    result = run_cli("plot", "--results", str(INSPUR), "--out", str(tmp_path / name))
+    assert result.code == 2 and result.out == "" and message in result.err and result.err.count("\n") == 1, result.err

@@ -160,3 +160,15 @@ def test_hostile_values_in_single_line_fields_are_rejected(tmp_path):
     path.write_text(yaml.safe_dump(raw))
     result = run_cli("render", "--cluster", str(path))
     assert result.code == 2 and "slurm.partition: must be one line without control characters" in result.err
+
+
+@pytest.mark.parametrize("key,value", [("name", "a\n"), ("node.env", {"FOO\n": "1"}), ("resources.time_limit", "10\n")])
+def test_a_trailing_newline_does_not_slip_through_a_pattern(tmp_path, key, value):
+    """`$` in a Python pattern also matches before a final newline: names are checked to the very end."""
+    raw = yaml.safe_load(load_cluster("ci_slurm").path.read_text())
+    section, _, field = key.rpartition(".")
+    (raw[section] if section else raw)[field] = value
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    result = run_cli("render", "--cluster", str(path), "-o", "description=$(touch PWNED)")
+    assert result.code == 2 and result.out == "" and key.split(".")[0] in result.err, result.err

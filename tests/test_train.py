@@ -104,6 +104,7 @@ def test_sigusr2_checkpoints_and_resuming_reproduces_the_uninterrupted_losses(tm
     assert reference.returncode == 0, reference.stderr[-2000:]
 
     out = tmp_path / "interrupted" / "out"
+    log_cache_clear(out / "results" / "result_0.txt")  # the launcher's part, once: a requeue keeps the log
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     proc = subprocess.Popen([sys.executable, "-m", "trainer", "--config", str(interrupted), "--out", str(out)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -122,6 +123,11 @@ def test_sigusr2_checkpoints_and_resuming_reproduces_the_uninterrupted_losses(tm
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert f"resumed at update {saved}" in resumed.stdout
     assert losses(out) == losses(tmp_path / "straight" / "out")  # bit for bit
+    log = out / "results" / "result_0.txt"  # one log across the requeue: init phase once, then both halves
+    keys = [json.loads(line.split(":::MLLOG ", 1)[1])["key"] for line in log.read_text().splitlines()]
+    assert [keys.count(k) for k in ("init_start", "global_batch_size", "run_start", "run_stop")] == [1, 1, 1, 1]
+    result = checker(log, tmp=tmp_path)
+    assert result.returncode == 0 and result.stderr.strip().endswith("INFO - SUCCESS"), result.stderr[-1500:]
 
 
 def test_bad_input_is_one_line_and_exit_2(tmp_path):

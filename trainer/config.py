@@ -306,7 +306,7 @@ import hashlib  # noqa: E402  (kept with the block that uses them)
 import json  # noqa: E402
 import re  # noqa: E402
 
-DATASET_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+DATASET_NAME_RE = r"[A-Za-z0-9][A-Za-z0-9_.-]*"
 
 
 class DataSource(Section):
@@ -428,7 +428,7 @@ class ExpectSection(Section):
 
 
 class DatasetManifest(Section):
-    name: str = Field(pattern=DATASET_NAME_RE)
+    name: str = Field(pattern=f"^{DATASET_NAME_RE}$")  # pydantic's regex: $ is the end of the text
     description: str = ""
     root: str = Field(description="where the prepared dataset goes")
     source: DataSource
@@ -443,7 +443,7 @@ class DatasetManifest(Section):
         if not self.outputs:
             raise ValueError("outputs: at least one output is needed")
         for name in self.outputs:
-            if not re.match(DATASET_NAME_RE, name) or name.startswith("."):
+            if not re.fullmatch(DATASET_NAME_RE, name) or name.startswith("."):
                 raise ValueError(f"outputs: names are folder names (letters, digits, '_', '.', '-'), got {name!r}")
         unknown = sorted(set(self.expect.outputs) - set(self.outputs))
         if unknown:

@@ -70,60 +70,67 @@ class RunLogger:
     require, so one log passes every ruleset from 1.0.0 to 5.0.0 (for BERT-large).
     """
 
-    def __init__(self, path: str | Path | None, enabled: bool, echo: bool = False):
+    def __init__(self, path: str | Path | None, enabled: bool, echo: bool = False, resumed: bool = False):
         self._log = EventLog(path, echo=echo) if enabled and path is not None else None
+        # a resumed (requeued) run appends to the log it began, whose init phase, from init_start to
+        # run_start, is already there: the checker accepts each of those events once
+        self._init_log = None if resumed else self._log
 
     def _event(self, key, value=None, metadata=None):
         if self._log:
             self._log.event(key, value, metadata)
 
+    def _init_event(self, key, value=None, metadata=None):
+        if self._init_log:
+            self._init_log.event(key, value, metadata)
+
     def init_start(self) -> None:
-        if self._log:
-            self._log.start(K.INIT_START)
+        if self._init_log:
+            self._init_log.start(K.INIT_START)
 
     def submission(self, mlperf) -> None:
         """`mlperf`: trainer.config.MLPerfConfig. The division must come before init_stop."""
-        self._event(K.SUBMISSION_BENCHMARK, K.BERT)
-        self._event(K.SUBMISSION_ORG, mlperf.org)
-        self._event(K.SUBMISSION_DIVISION, mlperf.division)
-        self._event(K.SUBMISSION_STATUS, mlperf.status)
-        self._event(K.SUBMISSION_PLATFORM, mlperf.platform)
+        self._init_event(K.SUBMISSION_BENCHMARK, K.BERT)
+        self._init_event(K.SUBMISSION_ORG, mlperf.org)
+        self._init_event(K.SUBMISSION_DIVISION, mlperf.division)
+        self._init_event(K.SUBMISSION_STATUS, mlperf.status)
+        self._init_event(K.SUBMISSION_PLATFORM, mlperf.platform)
 
     def hyperparameters(self, cfg, seed: int) -> None:
         """`cfg`: trainer.config.RunConfig."""
         t, o = cfg.train, cfg.optim
-        self._event(K.SEED, seed)
-        self._event(K.GLOBAL_BATCH_SIZE, t.global_batch_size)
-        self._event("d_batch_size", t.batch_size)
-        self._event(K.GRADIENT_ACCUMULATION_STEPS, t.gradient_accumulation_steps)
-        self._event(K.MAX_SEQUENCE_LENGTH, cfg.data.max_seq_length)
-        self._event("max_predictions_per_seq", cfg.data.max_predictions_per_seq)
-        self._event(K.OPT_NAME, o.name)
-        self._event(K.OPT_BASE_LR, o.lr)
-        self._event(K.OPT_LAMB_WEIGHT_DECAY, o.weight_decay)
-        self._event(K.OPT_LAMB_BETA_1, o.betas[0])
-        self._event(K.OPT_LAMB_BETA_2, o.betas[1])
-        self._event(K.OPT_LAMB_LR_DECAY_POLY_POWER, 1.0)
-        self._event(K.OPT_LAMB_EPSILON, o.epsilon)
+        self._init_event(K.SEED, seed)
+        self._init_event(K.GLOBAL_BATCH_SIZE, t.global_batch_size)
+        self._init_event("d_batch_size", t.batch_size)
+        self._init_event(K.GRADIENT_ACCUMULATION_STEPS, t.gradient_accumulation_steps)
+        self._init_event(K.MAX_SEQUENCE_LENGTH, cfg.data.max_seq_length)
+        self._init_event("max_predictions_per_seq", cfg.data.max_predictions_per_seq)
+        self._init_event(K.OPT_NAME, o.name)
+        self._init_event(K.OPT_BASE_LR, o.lr)
+        self._init_event(K.OPT_LAMB_WEIGHT_DECAY, o.weight_decay)
+        self._init_event(K.OPT_LAMB_BETA_1, o.betas[0])
+        self._init_event(K.OPT_LAMB_BETA_2, o.betas[1])
+        self._init_event(K.OPT_LAMB_LR_DECAY_POLY_POWER, 1.0)
+        self._init_event(K.OPT_LAMB_EPSILON, o.epsilon)
         if cfg.mlperf.legacy_keys:
-            self._event("opt_epsilon", o.epsilon)  # rulesets 1.x and 2.0 (no constant in mllog)
-        self._event(K.OPT_LR_WARMUP_STEPS, o.warmup_steps)
-        self._event(K.NUM_WARMUP_STEPS, o.warmup_steps)
-        self._event(K.START_WARMUP_STEP, o.start_warmup_step)
-        self._event(K.OPT_LR_TRAINING_STEPS, o.max_steps)
-        self._event(K.EVAL_SAMPLES, cfg.data.eval_samples)
+            self._init_event("opt_epsilon", o.epsilon)  # rulesets 1.x and 2.0 (no constant in mllog)
+        self._init_event(K.OPT_LR_WARMUP_STEPS, o.warmup_steps)
+        self._init_event(K.NUM_WARMUP_STEPS, o.warmup_steps)
+        self._init_event(K.START_WARMUP_STEP, o.start_warmup_step)
+        self._init_event(K.OPT_LR_TRAINING_STEPS, o.max_steps)
+        self._init_event(K.EVAL_SAMPLES, cfg.data.eval_samples)
 
     def weights_initialization(self, tensor_names: list[str]) -> None:
         for name in tensor_names:
-            self._event(K.WEIGHTS_INITIALIZATION, metadata={"tensor": name})
+            self._init_event(K.WEIGHTS_INITIALIZATION, metadata={"tensor": name})
 
     def init_stop(self) -> None:
-        if self._log:
-            self._log.end(K.INIT_STOP)
+        if self._init_log:
+            self._init_log.end(K.INIT_STOP)
 
     def run_start(self) -> None:
-        if self._log:
-            self._log.start(K.RUN_START)
+        if self._init_log:
+            self._init_log.start(K.RUN_START)
 
     def block_start(self, first_sample: int, count: int) -> None:
         """A training block begins; epoch numbers are sample counts (what the RCP checker reads)."""

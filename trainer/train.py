@@ -84,7 +84,10 @@ class Trainer:
         self.env, self.device = distributed.init(cfg)
         self.rank0 = self.env.rank == 0
         out = Path(args.out)
-        self.mllog = RunLogger(out / "results" / f"result_{args.run_index}.txt", enabled=self.rank0)
+        folder = cfg.checkpoint.dir or str(out / "checkpoints" / f"run_{args.run_index}")
+        self.checkpoints = Checkpoints(Path(expand_path(folder)), cfg.checkpoint.keep, self.env.rank)
+        self.mllog = RunLogger(out / "results" / f"result_{args.run_index}.txt", enabled=self.rank0,
+                               resumed=self.checkpoints.latest() is not None)
         self.mllog.init_start()
         self.mllog.submission(cfg.mlperf)
         seed_everything(self.seed, self.env.rank)
@@ -111,8 +114,6 @@ class Trainer:
                                    self.env.rank, self.env.world_size, cfg.runtime.unpad, self.device) \
             if cfg.data.eval_dir else None
         self.state = LoopState(next_eval=cfg.train.eval_start_samples or cfg.train.eval_interval)
-        folder = cfg.checkpoint.dir or str(out / "checkpoints" / f"run_{args.run_index}")
-        self.checkpoints = Checkpoints(Path(expand_path(folder)), cfg.checkpoint.keep, self.env.rank)
         self.stop = StopSignal()
         self.metrics = (out / "metrics" / f"run_{args.run_index}.jsonl") if self.rank0 else None
         self.resumed = self.resume()
@@ -120,8 +121,8 @@ class Trainer:
     # ---- the run ----------------------------------------------------------------------------
 
     def run(self) -> int:
+        self.warm_up()  # after a requeue too: bucket-wise clipping must know its bucket count again
         if not self.resumed:
-            self.warm_up()
             self.mllog.init_stop()
             distributed.all_reduce_sum(torch.zeros(1, device=self.device))  # all ranks start together
             self.mllog.run_start()
@@ -141,14 +142,14 @@ class Trainer:
             step.seconds = time.perf_counter() - started  # data + compute, evaluation excluded
             window.append(step)
             self.account(step)
-            if self.state.updates % self.cfg.train.log_every_steps == 0 or self.state.status:
+            if self.state.status or (not step.skipped and self.state.updates % self.cfg.train.log_every_steps == 0):
                 self.report(window)
                 window = []
                 if self.stop.agreed(self.device):
                     self.save_checkpoint()
                     self.say(f"signal {self.stop.received}: checkpoint saved at update {self.state.updates}, exiting to be requeued")
                     return REQUEUE_EXIT_CODE
-            if self.cfg.checkpoint.every_steps and self.state.updates % self.cfg.checkpoint.every_steps == 0:
+            if self.cfg.checkpoint.every_steps and not step.skipped and self.state.updates % self.cfg.checkpoint.every_steps == 0:
                 self.save_checkpoint()
         if self.state.block_start < self.state.samples:  # a block the run ended in without an eval
             self.mllog.block_stop(self.state.block_start, self.state.samples)

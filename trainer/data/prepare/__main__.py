@@ -27,6 +27,7 @@ import json
 import sys
 from pathlib import Path
 
+from trainer.config import PathError
 from trainer.data.prepare.errors import PrepareError
 
 
@@ -37,6 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     except PrepareError as e:
         print(f"error: {e}".replace("\n", "\\n"), file=sys.stderr)
         return e.exit_code
+    except PathError as e:  # the manifest's paths use a $VARIABLE this environment does not set
+        print(f"error: {e}".replace("\n", "\\n"), file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
