@@ -16,7 +16,7 @@ from pydantic import AfterValidator, Field, ValidationError, model_validator
 
 from orchestrator import configfile, resources
 from orchestrator.errors import UserError
-from trainer.config import DataConfig, OptimConfig, RunConfig, RuntimeConfig, Section, TrainConfig
+from trainer.config import ConfigProblem, DataConfig, OptimConfig, RunConfig, RuntimeConfig, Section, TrainConfig, first_problem
 
 
 def _single_line(value: str) -> str:
@@ -66,10 +66,10 @@ class SlurmConfig(Section):
     @model_validator(mode="after")
     def _well_formed(self) -> "SlurmConfig":
         if not TIME_RE.match(self.time_limit):
-            raise ValueError(f"time_limit: must look like [D-]HH:MM:SS or minutes, got {self.time_limit!r}")
+            raise ConfigProblem("time_limit", f"must look like [D-]HH:MM:SS or minutes, got {self.time_limit!r}")
         for flag in self.extra_sbatch:
             if not flag.startswith("--"):
-                raise ValueError(f"extra_sbatch: entries are long options like --network=sharp, got {flag!r}")
+                raise ConfigProblem("extra_sbatch", f"entries are long options like --network=sharp, got {flag!r}")
         return self
 
 
@@ -93,13 +93,13 @@ class ContainerConfig(Section):
     @model_validator(mode="after")
     def _complete(self) -> "ContainerConfig":
         if self.kind == "pyxis" and not self.image:
-            raise ValueError("image: kind pyxis needs an image (docker://... or a .sqsh path)")
+            raise ConfigProblem("image", "kind pyxis needs an image (docker://... or a .sqsh path)")
         if self.kind == "none" and (self.image or self.mounts or self.preload_dir):
-            raise ValueError("kind: image, mounts and preload_dir need kind pyxis")
+            raise ConfigProblem("kind", "image, mounts and preload_dir need kind pyxis")
         if self.kind == "pyxis" and self.venv:
-            raise ValueError("venv: is for kind none (the container brings its own Python)")
+            raise ConfigProblem("venv", "is for kind none (the container brings its own Python)")
         if not NAME_RE.match(self.name):
-            raise ValueError(f"name: must be letters, digits, '_', '.' or '-', got {self.name!r}")
+            raise ConfigProblem("name", f"must be letters, digits, '_', '.' or '-', got {self.name!r}")
         return self
 
 
@@ -114,10 +114,10 @@ class Binding(Section):
     @model_validator(mode="after")
     def _devices_for_ib(self) -> "Binding":
         if self.ib == "single" and not self.ib_devices:
-            raise ValueError("ib_devices: ib single needs devices (e.g. [mlx5_0, mlx5_1])")
+            raise ConfigProblem("ib_devices", "ib single needs devices (e.g. [mlx5_0, mlx5_1])")
         for dev in self.ib_devices:
             if not NAME_RE.match(dev):
-                raise ValueError(f"ib_devices: entries are device names like mlx5_0, got {dev!r}")
+                raise ConfigProblem("ib_devices", f"entries are device names like mlx5_0, got {dev!r}")
         return self
 
 
@@ -132,7 +132,7 @@ class NodeConfig(Section):
     def _env_names(self) -> "NodeConfig":
         for name in self.env:
             if not ENV_NAME_RE.match(name):
-                raise ValueError(f"env: names must be shell identifiers, got {name!r}")
+                raise ConfigProblem("env", f"names must be shell identifiers, got {name!r}")
         return self
 
 
@@ -184,7 +184,7 @@ class SystemDescription(Section):
     sw_notes: OneLine = ""
 
 
-class PhaseOneConfig(Section):
+class PhaseOne(Section):
     """Phase 1 (short sequences), trained once on one rank to make the checkpoint phase 2 starts from.
 
     Model, runtime and MLPerf settings are the run's; the weights go to run.train.init_checkpoint,
@@ -197,12 +197,12 @@ class PhaseOneConfig(Section):
     runtime: Optional[RuntimeConfig] = None  # default: the run's (at length 128 padding costs little)
 
 
-class PrepareConfig(Section):
+class Prerequisites(Section):
     """What a job builds before its runs when it is missing, once per machine (the embedded default)."""
 
     # a dataset manifest: `bertctl data prepare --dataset <name>` (returns at once when it is complete)
     dataset: Optional[str] = None
-    phase1: Optional[PhaseOneConfig] = None
+    phase1: Optional[PhaseOne] = None
 
 
 class ClusterConfig(Section):
@@ -217,7 +217,7 @@ class ClusterConfig(Section):
     experiments_dir: Optional[str] = None
     # the system description of an MLPerf submission (bertctl package); optional until you package
     system: Optional[SystemDescription] = None
-    prepare: PrepareConfig = PrepareConfig()
+    prepare: Prerequisites = Prerequisites()
     run: RunConfig
 
     @model_validator(mode="before")
@@ -226,7 +226,7 @@ class ClusterConfig(Section):
         """The trainer's world size is the allocation's rank count, never typed by hand."""
         if isinstance(data, dict) and isinstance(data.get("run"), dict) and isinstance(data.get("resources"), dict):
             if "world_size" in data["run"]:
-                raise ValueError("run.world_size: is derived from resources.nodes x resources.tasks_per_node")
+                raise ConfigProblem("run.world_size", "is derived from resources.nodes x resources.tasks_per_node")
             res = data["resources"]
             if isinstance(res.get("nodes"), int) and isinstance(res.get("tasks_per_node"), int):
                 data = {**data, "run": {**data["run"], "world_size": res["nodes"] * res["tasks_per_node"]}}
@@ -235,7 +235,7 @@ class ClusterConfig(Section):
     @model_validator(mode="after")
     def _consistent(self) -> "ClusterConfig":
         for problem in cluster_problems(self):
-            raise ValueError(problem)
+            raise problem
         return self
 
     @property
@@ -260,49 +260,45 @@ class ClusterConfig(Section):
         try:
             return RunConfig.model_validate(raw)
         except ValidationError as e:
-            err = e.errors(include_url=False)[0]
-            message = err["msg"].removeprefix("Value error, ")
-            keys = ["prepare", "phase1", *(str(x) for x in err["loc"])]
-            named = configfile.KEYED_MESSAGE.match(message)  # a cross-field check names its own key
-            if named:
-                keys.append(named["key"])
-                message = named["rest"]
-            raise ValueError(f"{'.'.join(keys)}: {message}") from None
+            key, message = first_problem(e, RunConfig)
+            raise ConfigProblem(f"prepare.phase1.{key}", message) from None
 
 
-def cluster_problems(c: ClusterConfig) -> list[str]:
+def cluster_problems(c: ClusterConfig) -> list[ConfigProblem]:
     """Combinations that cannot run, found before anything is written or submitted."""
     problems = []
     if not NAME_RE.match(c.name):
-        problems.append(f"name: must be letters, digits, '_', '.' or '-', got {c.name!r}")
+        problems.append(ConfigProblem("name", f"must be letters, digits, '_', '.' or '-', got {c.name!r}"))
     if c.executor == "local":
-        if c.resources.nodes != 1:
-            problems.append(f"resources.nodes: executor local runs on this machine: must be 1, got {c.resources.nodes}")
-        if c.container.kind != "none":
-            problems.append("container.kind: executor local runs without a container: must be none")
-        if c.node.binding != Binding():
-            problems.append("node.binding: executor local does not bind ranks to CPUs or NICs")
-        if c.slurm.nexp_mode != "loop":
-            problems.append("slurm.nexp_mode: executor local runs the experiments one after another: must be loop")
+        problems += local_executor_problems(c)
     if c.prepare.dataset and not any((d / f"{c.prepare.dataset}.yaml").is_file() for d in resources.search_dirs("datasets")):
-        problems.append(f"prepare.dataset: no dataset manifest named '{c.prepare.dataset}' (see bertctl data list)")
+        problems.append(ConfigProblem("prepare.dataset", f"no dataset manifest named '{c.prepare.dataset}' (see bertctl data list)"))
     if c.prepare.phase1 is not None:
         if not c.run.train.init_checkpoint:
-            problems.append("prepare.phase1: writes run.train.init_checkpoint, which is not set")
+            problems.append(ConfigProblem("prepare.phase1", "writes run.train.init_checkpoint, which is not set"))
         else:
             c.phase1_run()  # raises with the phase-1 key that is wrong
     rt, bal = c.run.runtime, c.run.balance
     if rt.device == "cuda" and c.resources.gpus_per_node < c.resources.tasks_per_node:
-        problems.append(
-            f"resources.gpus_per_node: runtime.device cuda needs one GPU per rank, {c.resources.gpus_per_node} "
-            f"< tasks_per_node ({c.resources.tasks_per_node})"
-        )
+        problems.append(ConfigProblem(
+            "resources.gpus_per_node", f"runtime.device cuda needs one GPU per rank, {c.resources.gpus_per_node} "
+            f"< tasks_per_node ({c.resources.tasks_per_node})"))
     if bal.exchange_padding == "group" and c.resources.tasks_per_node % bal.group_size:
-        problems.append(
-            f"run.balance.group_size: {bal.group_size} must divide resources.tasks_per_node "
-            f"({c.resources.tasks_per_node}) so that every exchange group stays inside one node"
-        )
+        problems.append(ConfigProblem(
+            "run.balance.group_size", f"{bal.group_size} must divide resources.tasks_per_node "
+            f"({c.resources.tasks_per_node}) so that every exchange group stays inside one node"))
     return problems
+
+
+def local_executor_problems(c: ClusterConfig) -> list[ConfigProblem]:
+    """The local executor runs one node's ranks on this machine, without Slurm's machinery."""
+    rules = [
+        ("resources.nodes", c.resources.nodes != 1, f"executor local runs on this machine: must be 1, got {c.resources.nodes}"),
+        ("container.kind", c.container.kind != "none", "executor local runs without a container: must be none"),
+        ("node.binding", c.node.binding != Binding(), "executor local does not bind ranks to CPUs or NICs"),
+        ("slurm.nexp_mode", c.slurm.nexp_mode != "loop", "executor local runs the experiments one after another: must be loop"),
+    ]
+    return [ConfigProblem(key, message) for key, broken, message in rules if broken]
 
 
 # A validated cluster and where it came from (for the script's header and the registry).

@@ -6,9 +6,6 @@ expected, so the CLI can print one line and exit 2. Used for cluster files and d
 
 from __future__ import annotations
 
-import re
-import types
-import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,6 +15,7 @@ from pydantic import BaseModel, ValidationError
 
 from orchestrator import resources
 from orchestrator.errors import UserError
+from trainer.config.base import first_problem, is_free_mapping, is_model, mapping_value_type, unwrap_optional
 
 
 @dataclass(frozen=True)
@@ -65,9 +63,6 @@ def load_named(kind: str, name: str, overrides, model: type[BaseModel], noun: st
     shipped = resources.shipped_dir(kind)
     source = f"{kind}/{path.name}" if path.resolve().parent == shipped.resolve() else str(path)
     return LoadedFile(config=config, path=path, source=source, overrides=tuple(overrides))
-
-
-KEYED_MESSAGE = re.compile(r"^(?P<key>[a-z_]+(\.[a-z_]+)*): (?P<rest>.*)$", re.S)
 
 
 def read_mapping(path: Path) -> dict[str, Any]:
@@ -120,41 +115,18 @@ def validate(model: type[BaseModel], raw: dict[str, Any], where: str) -> Any:
     try:
         return model.model_validate(raw)
     except ValidationError as e:
-        raise first_error(e, model, where) from None
-
-
-def first_error(error: ValidationError, model: type[BaseModel], where: str) -> UserError:
-    """pydantic's first complaint as one line: the dotted key and what was expected."""
-    # a misspelled key also makes the real one "missing": the misspelling is the news
-    err = sorted(error.errors(include_url=False), key=lambda e: e["type"] != "extra_forbidden")[0]
-    loc = [str(p) for p in err["loc"]]
-    key = ".".join(loc) or None
-    kind = err["type"]
-    if kind == "extra_forbidden":
-        parent = model_at(model, loc[:-1])
-        valid = ", ".join(sorted(parent.model_fields)) if parent else "?"
-        return UserError(f"unknown key '{loc[-1]}' (valid keys here: {valid})", where=where, key=key)
-    if kind == "missing":
-        return UserError("required key is missing", where=where, key=key)
-    message = err["msg"].removeprefix("Value error, ")
-    # cross-field checks name their own key ("train.global_batch_size: is 16 but ...")
-    named = KEYED_MESSAGE.match(message)
-    if named:
-        key = ".".join(loc + [named["key"]])
-        message = named["rest"]
-    if kind not in ("value_error", "assertion_error") and "input" in err and "got" not in message:
-        message += f", got {_short(err['input'])}"
-    return UserError(message, where=where, key=key)
+        key, message = first_problem(e, model)
+        raise UserError(message, where=where, key=key) from None
 
 
 def check_key_path(model: type[BaseModel], path: list[str], where: str) -> None:
     """Reject a dotted key that the schema does not have, listing the valid keys at that level."""
     current: Any = model
     for depth, part in enumerate(path):
-        if _is_free_mapping(current):
-            current = _value_type(current)
+        if is_free_mapping(current):
+            current = mapping_value_type(current)
             continue
-        if not _is_model(current):
+        if not is_model(current):
             raise UserError(f"'{'.'.join(path[:depth])}' is a value, not a section", where=where)
         if part not in current.model_fields:
             valid = ", ".join(sorted(current.model_fields))
@@ -163,39 +135,7 @@ def check_key_path(model: type[BaseModel], path: list[str], where: str) -> None:
             raise UserError(f"unknown key '{'.'.join(path)}' (valid keys{here}: {valid})", where=where)
         if part in getattr(current, "derived_fields", ()):
             raise UserError(f"'{'.'.join(path)}' is derived, not set: {current.derived_fields[part]}", where=where)
-        current = _unwrap(current.model_fields[part].annotation)
-
-
-def model_at(model: type[BaseModel], loc: list[str]) -> type[BaseModel] | None:
-    current: Any = model
-    for part in loc:
-        if _is_free_mapping(current):
-            current = _value_type(current)
-        elif _is_model(current) and part in current.model_fields:
-            current = _unwrap(current.model_fields[part].annotation)
-        else:
-            return None
-    return current if _is_model(current) else None
-
-
-def _unwrap(annotation: Any) -> Any:
-    """Optional[X] -> X, so that nested keys of optional sections can be overridden."""
-    args = [a for a in typing.get_args(annotation) if a is not type(None)]
-    if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(args) == 1:
-        return args[0]
-    return annotation
-
-
-def _is_model(t: Any) -> bool:
-    return isinstance(t, type) and issubclass(t, BaseModel)
-
-
-def _is_free_mapping(t: Any) -> bool:
-    return typing.get_origin(t) is dict
-
-
-def _value_type(t: Any) -> Any:
-    return _unwrap(typing.get_args(t)[1])
+        current = unwrap_optional(current.model_fields[part].annotation)
 
 
 def _parse_value(text: str) -> Any:
@@ -203,11 +143,6 @@ def _parse_value(text: str) -> Any:
         return yaml.safe_load(text) if text.strip() else None
     except yaml.YAMLError:
         return text
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _deep_copy(value: Any) -> Any:

@@ -70,3 +70,13 @@ def tiny_run_config(tmp: Path, world_size: int = 1, batch_size: int = 8, **chang
     path = tmp / "run.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
+
+
+def train_data(folder, rank: int = 0, world_size: int = 1, batch_size: int = 8, seed: int = 0,
+               streams: int | None = None, workers: int = 0, max_seq_length: int = 512, **balance):
+    """`TrainData` over a folder of shards, its sections built from plain values (`balance`: BalanceConfig keys)."""
+    from trainer.config import BalanceConfig, DataConfig
+    from trainer.data.dataset import TrainData
+
+    data = DataConfig(train_dir=str(folder), streams=streams, num_workers=workers, max_seq_length=max_seq_length)
+    return TrainData(data, BalanceConfig(**balance), batch_size, rank, world_size, seed)

@@ -8,10 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from synthetic import make_sample, write_dataset
+from synthetic import make_sample, train_data, write_dataset
 from trainer.balance import bin_of, deal_order, pack_histogram, pack_sequences, quotas_from_counts
 from trainer.data.batch import collate
-from trainer.data.dataset import TrainData
 from trainer.data.histogram import wikipedia_histogram
 from trainer.simulate_balance import simulate
 
@@ -96,7 +95,7 @@ def four_bins(tmp_path):
 
 
 def test_stratified_batches_take_fixed_quotas_from_every_bin_and_use_each_sample_once(four_bins):
-    data = TrainData(str(four_bins), rank=0, world_size=1, batch_size=6, seed=0, stratified=True, quotas=[3, 1, 1, 1])
+    data = train_data(four_bins, rank=0, world_size=1, batch_size=6, seed=0, stratified=True, bin_quotas=[3, 1, 1, 1])
     seen = []
     for _ in range(20):  # bin 0 (3 per batch, 60 samples) is exactly one epoch; bins 1-3 a third of one
         samples, packs = data.next_samples()
@@ -107,7 +106,7 @@ def test_stratified_batches_take_fixed_quotas_from_every_bin_and_use_each_sample
     for b, n in enumerate([60, 20, 20, 20]):  # bin 0 gives 3 per batch: its 60 samples are one epoch
         in_bin = [s for s, x in zip(seen, bins) if x == b]
         assert len(in_bin) == n and len(set(in_bin)) == n
-    again = TrainData(str(four_bins), rank=0, world_size=1, batch_size=6, seed=0, stratified=True, quotas=[3, 1, 1, 1])
+    again = train_data(four_bins, rank=0, world_size=1, batch_size=6, seed=0, stratified=True, bin_quotas=[3, 1, 1, 1])
     assert [tuple(s.input_ids.tolist()) for s in again.next_samples()[0]] == seen[:6]
 
 
@@ -116,7 +115,7 @@ def test_packed_batches_give_the_same_per_sequence_losses_as_unpacked(tmp_path):
     from trainer.model import BertForPreTraining
 
     shards = write_dataset(tmp_path / "data", shards=2, per_shard=40, seed=5, max_len=64)
-    data = TrainData(str(shards), 0, 1, batch_size=6, seed=0, packing=True, pack_window=40, capacity=64)
+    data = train_data(shards, 0, 1, batch_size=6, seed=0, packing=True, pack_window=40, max_seq_length=64)
     samples, packs = data.next_samples()
     assert len(packs) == 6 and max(len(p) for p in packs) > 1  # several sequences per row
     assert all(sum(len(samples[i]) for i in p) <= 64 for p in packs)

@@ -86,12 +86,13 @@ def test_the_eval_set_comes_from_held_out_documents(root):
 
 def test_the_trainer_reads_what_the_pipeline_wrote(root):
     from trainer.data.batch import collate
-    from trainer.data.dataset import TrainData, training_files
+    from synthetic import train_data
+    from trainer.data.dataset import training_files
     from trainer.evaluate import read_eval_samples
 
     assert len(training_files(root / "train")) == 16 and len(training_files(root / "train_128")) == 4
     for stratified in (False, True):  # all shards of all bins, or Samsung's per-bin quotas
-        data = TrainData(str(root / "train"), rank=0, world_size=1, batch_size=16, seed=0, stratified=stratified)
+        data = train_data(root / "train", rank=0, world_size=1, batch_size=16, seed=0, stratified=stratified)
         samples, _ = data.next_samples()
         batch = collate(samples, unpadded=False)
         assert batch.num_sequences == 16 and int(batch.input_ids.max()) < 8192

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from synthetic import write_dataset
-from trainer.data.dataset import DataError, TrainData, training_files
+from synthetic import train_data, write_dataset
+from trainer.data.dataset import DataError, training_files
 from trainer.data.layout import Shard, write_shard
 
 
@@ -18,7 +18,7 @@ def shards(tmp_path_factory):
 
 
 def test_one_epoch_hands_out_every_sample_exactly_once(shards):
-    data = TrainData(str(shards), rank=0, world_size=1, batch_size=5, seed=7)
+    data = train_data(shards, rank=0, world_size=1, batch_size=5, seed=7)
     everything = [key(Shard(f).sample(i)) for f in training_files(shards) for i in range(len(Shard(f)))]
     assert len(everything) == 185
     seen = [key(s) for _ in range(37) for s in data.next_samples()[0]]  # 37 x 5 = one epoch
@@ -28,35 +28,35 @@ def test_one_epoch_hands_out_every_sample_exactly_once(shards):
 
 
 def test_same_seed_same_order_other_seed_other_order(shards):
-    first = [key(s) for s in TrainData(str(shards), 0, 1, 8, seed=1).next_samples()[0]]
-    again = [key(s) for s in TrainData(str(shards), 0, 1, 8, seed=1).next_samples()[0]]
-    other = [key(s) for s in TrainData(str(shards), 0, 1, 8, seed=2).next_samples()[0]]
+    first = [key(s) for s in train_data(shards, 0, 1, 8, seed=1).next_samples()[0]]
+    again = [key(s) for s in train_data(shards, 0, 1, 8, seed=1).next_samples()[0]]
+    other = [key(s) for s in train_data(shards, 0, 1, 8, seed=2).next_samples()[0]]
     assert first == again and first != other
 
 
 def test_global_batches_do_not_depend_on_the_rank_count(shards):
-    one = TrainData(str(shards), rank=0, world_size=1, batch_size=8, seed=3, num_streams=2)
-    ranks = [TrainData(str(shards), rank=r, world_size=2, batch_size=4, seed=3, num_streams=2) for r in (0, 1)]
+    one = train_data(shards, rank=0, world_size=1, batch_size=8, seed=3, streams=2)
+    ranks = [train_data(shards, rank=r, world_size=2, batch_size=4, seed=3, streams=2) for r in (0, 1)]
     for _ in range(20):
         assert [key(s) for s in one.next_samples()[0]] == [key(s) for r in ranks for s in r.next_samples()[0]]
 
 
 def test_ranks_read_disjoint_shards_and_positions_resume(shards):
-    a = TrainData(str(shards), rank=0, world_size=2, batch_size=3, seed=5)
-    b = TrainData(str(shards), rank=1, world_size=2, batch_size=3, seed=5)
+    a = train_data(shards, rank=0, world_size=2, batch_size=3, seed=5)
+    b = train_data(shards, rank=1, world_size=2, batch_size=3, seed=5)
     assert not set(map(str, a.streams[0].my_files(0))) & set(map(str, b.streams[0].my_files(0)))
     for _ in range(13):
         a.next_samples()[0]
     state = a.state_dict()
     expected = [key(s) for _ in range(30) for s in a.next_samples()[0]]
-    fresh = TrainData(str(shards), rank=0, world_size=2, batch_size=3, seed=5)
+    fresh = train_data(shards, rank=0, world_size=2, batch_size=3, seed=5)
     fresh.load_state_dict(state)
     assert [key(s) for _ in range(30) for s in fresh.next_samples()[0]] == expected
 
 
 def test_prefetching_in_worker_processes_changes_nothing(shards):
-    plain = TrainData(str(shards), 0, 1, 16, seed=9, workers=0)
-    prefetched = TrainData(str(shards), 0, 1, 16, seed=9, workers=1)
+    plain = train_data(shards, 0, 1, 16, seed=9, workers=0)
+    prefetched = train_data(shards, 0, 1, 16, seed=9, workers=1)
     try:
         for _ in range(30):
             assert [key(s) for s in plain.next_samples()[0]] == [key(s) for s in prefetched.next_samples()[0]]
@@ -72,10 +72,10 @@ def test_four_bin_folders_are_read_whole(tmp_path, shards):
 
 def test_too_few_shards_or_none_is_a_clear_error(tmp_path, shards):
     with pytest.raises(DataError, match="5 shard.s. for 8 readers"):
-        TrainData(str(shards), rank=0, world_size=8, batch_size=1, seed=0)
+        train_data(shards, rank=0, world_size=8, batch_size=1, seed=0)
     (tmp_path / "empty").mkdir()
     with pytest.raises(DataError, match="no .hdf5 shards found"):
-        TrainData(str(tmp_path / "empty"), 0, 1, 1, seed=0)
+        train_data(tmp_path / "empty", 0, 1, 1, seed=0)
 
 
 def test_fixed_and_varlen_layouts_read_back_identically(tmp_path):

@@ -7,6 +7,7 @@ import torch.distributed as dist
 
 from gloo import run_ranks
 from synthetic import make_sample
+from trainer.config import BalanceConfig, DataConfig, OptimConfig
 from trainer.data.layout import Sample
 from trainer.exchange import Exchange
 
@@ -24,7 +25,9 @@ def local_samples(rank: int, n: int) -> list[Sample]:
 def exchange_on_rank(rank, world, mode, group_size, packed):
     mine = local_samples(rank, 6)
     packs = [[0, 1], [2], [3, 4, 5]] if packed else None
-    got = Exchange(mode, group_size, snake=True, max_seq_length=64, max_predictions=10, device="cpu")(mine, packs)
+    balance = BalanceConfig(exchange_padding=mode, group_size=group_size, snake=True)
+    data = DataConfig(train_dir="unused", max_seq_length=64, max_predictions_per_seq=10)
+    got = Exchange(balance, data, device="cpu")(mine, packs)
     return [key(s) for s in mine], [key(s) for s in got]
 
 
@@ -54,7 +57,7 @@ def bucket_clip_on_rank(rank, world, bucket_cap_mb, max_norm):
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(6)])
     ddp = DistributedDataParallel(model, bucket_cap_mb=bucket_cap_mb, gradient_as_bucket_view=True)
-    sync = GradientSync(model, ddp, "bucket", max_norm)
+    sync = GradientSync(model, ddp, OptimConfig(lr=1e-3, max_steps=1, clip="bucket", max_grad_norm=max_norm))
     x = torch.randn(8, 64) * (rank + 1) * 50  # large, different gradients on every rank
     for _ in range(2):  # the trainer's warm-up passes: the hook learns the bucket count
         ddp(x).pow(2).sum().backward()

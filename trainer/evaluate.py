@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from trainer.config import DataConfig, expand_path
 from trainer.data.batch import Batch, collate
 from trainer.data.dataset import DataError
 from trainer.data.layout import Sample, Shard, shard_files
@@ -54,9 +55,9 @@ def unigram_baseline(samples: list[Sample]) -> float:
 
 
 class Evaluator:
-    def __init__(self, eval_dir: str, count: int, batch_size: int, rank: int, world: int, unpadded: bool, device):
-        start, end = rank_slice(count, rank, world)
-        everything = read_eval_samples(eval_dir, count)
+    def __init__(self, data: DataConfig, batch_size: int, rank: int, world: int, unpadded: bool, device):
+        start, end = rank_slice(data.eval_samples, rank, world)
+        everything = read_eval_samples(expand_path(data.eval_dir), data.eval_samples)
         self.baseline = unigram_baseline(everything)
         self.masked = sum(len(s.masked_lm_ids) for s in everything)
         mine = everything[start:end]

@@ -20,16 +20,17 @@ import torch
 import torch.distributed as dist
 
 from trainer.balance import deal_order
+from trainer.config import BalanceConfig, DataConfig
 from trainer.data.layout import Sample
 
 
 class Exchange:
-    def __init__(self, mode: str, group_size: int, snake: bool, max_seq_length: int, max_predictions: int, device):
+    def __init__(self, balance: BalanceConfig, data: DataConfig, device):
         world, rank = dist.get_world_size(), dist.get_rank()
-        self.size = world if mode == "global" else group_size
-        self.snake = snake
-        self.width = HEADER + 2 * max_seq_length + 2 * max_predictions
-        self.seq, self.pred = max_seq_length, max_predictions
+        self.size = world if balance.exchange_padding == "global" else balance.group_size
+        self.snake = balance.snake
+        self.seq, self.pred = data.max_seq_length, data.max_predictions_per_seq
+        self.width = HEADER + 2 * self.seq + 2 * self.pred
         self.device = device
         self.group = None
         self.index = rank % self.size

@@ -23,6 +23,8 @@ import torch.distributed as dist
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
+from trainer.config import OptimConfig
+
 
 def grad_tensors(model: nn.Module) -> list[torch.Tensor]:
     return [p.grad for p in model.parameters() if p.grad is not None]
@@ -53,8 +55,9 @@ def allreduce_mean_(grads: list[torch.Tensor], world: int) -> None:
 class GradientSync:
     """The gradient path of one training step, for the configured clipping mode."""
 
-    def __init__(self, model: nn.Module, ddp: nn.Module | None, mode: str, max_norm: float):
-        self.model, self.ddp, self.mode, self.max_norm = model, ddp, mode, max_norm
+    def __init__(self, model: nn.Module, ddp: nn.Module | None, optim: OptimConfig):
+        self.model, self.ddp, self.mode, self.max_norm = model, ddp, optim.clip, optim.max_grad_norm
+        mode, max_norm = self.mode, self.max_norm
         self.world = dist.get_world_size() if ddp is not None else 1
         self.bucket_clip = None
         if mode == "bucket":

@@ -4,7 +4,7 @@
     torchrun --standalone --nproc-per-node 2 -m trainer --config run.yaml --out DIR  # two ranks here
     srun ... python -m trainer --config run.yaml --out DIR                           # under Slurm
 
-`run.yaml` is the RunConfig that bertctl wrote (trainer/config.py). Rank 0 writes the MLPerf log
+`run.yaml` is the RunConfig that bertctl wrote (trainer/config/run.py). Rank 0 writes the MLPerf log
 to DIR/results/result_N.txt, progress lines to stdout and per-step metrics to
 DIR/metrics/run_N.jsonl. Exit codes: 0 the run finished (converged or not: see the log's run_stop
 status), 1 it failed, 2 bad input (config, data, checkpoint), 75 checkpointed on a signal.
@@ -15,9 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
-import json
 import random
-import resource
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -31,7 +29,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from trainer import distributed
 from trainer.checkpoint import Checkpoints, StopSignal, rng_state, set_rng_state, write_model
-from trainer.config import REQUEUE_EXIT_CODE, PathError, RunConfig, expand_path, load_run_config
+from trainer.config import REQUEUE_EXIT_CODE, PathError, RunConfig, expand_path, first_problem, load_run_config
 from trainer.data.batch import Batch, collate
 from trainer.data.dataset import DataError, TrainData
 from trainer.data.layout import Sample, ShardError
@@ -39,8 +37,9 @@ from trainer.evaluate import Evaluator
 from trainer.exchange import Exchange
 from trainer.gradients import GradientSync
 from trainer.mlperf import RunLogger
-from trainer.model import BertForPreTraining, flops_per_sequence, pretraining_loss_sums
+from trainer.model import BertForPreTraining, pretraining_loss_sums
 from trainer.optim import build_optimizer, learning_rate, set_learning_rate, take_step
+from trainer.progress import Tally, append_json_line, global_sums, progress_line, progress_record
 from trainer.weights import WeightsError, load_pretrained_file, tf_variable_names
 
 USER_ERRORS = (distributed.LaunchError, DataError, ShardError, WeightsError, PathError)
@@ -69,12 +68,14 @@ class LoopState:
 
 
 @dataclass
-class StepStats:
-    loss: torch.Tensor  # [mlm sum, nsp sum, masked tokens, sequences, real tokens] of this rank
+class Step:
+    """One optimizer update as the loop sees it."""
+
+    tally: Tally  # this rank's sums (on the device until the progress line is due)
     lr: float
     skipped: bool
     sequences: int  # trained in this step by all ranks (the global batch; varies when packing)
-    seconds: float = 0.0
+    seconds: float = 0.0  # data + compute, evaluation excluded
 
 
 class Trainer:
@@ -98,21 +99,15 @@ class Trainer:
             self.mllog.weights_initialization(tf_variable_names(self.model))
         self.optimizer = build_optimizer(self.model, cfg.optim, cfg.runtime.kernels == "apex", self.device.type)
         self.ddp = DistributedDataParallel(self.model, gradient_as_bucket_view=True) if distributed.initialized() else None
-        self.grads = GradientSync(self.model, self.ddp, cfg.optim.clip, cfg.optim.max_grad_norm)
-        bal = cfg.balance
-        self.exchange = Exchange(bal.exchange_padding, bal.group_size, bal.snake, cfg.data.max_seq_length,
-                                 cfg.data.max_predictions_per_seq, self.device) \
-            if bal.exchange_padding != "none" and self.env.world_size > 1 else None
+        self.grads = GradientSync(self.model, self.ddp, cfg.optim)
+        self.exchange = Exchange(cfg.balance, cfg.data, self.device) \
+            if cfg.balance.exchange_padding != "none" and self.env.world_size > 1 else None
         self.scaler = torch.amp.GradScaler(self.device.type, init_scale=cfg.runtime.init_loss_scale) \
             if cfg.runtime.precision == "fp16" else None
 
-        self.data = TrainData(expand_path(cfg.data.train_dir), self.env.rank, self.env.world_size, cfg.train.batch_size,
-                              self.seed, cfg.data.streams, cfg.data.num_workers, quotas=bal.bin_quotas,
-                              stratified=bal.stratified, packing=bal.packing, pack_window=bal.pack_window,
-                              capacity=cfg.data.max_seq_length)
-        self.evaluator = Evaluator(expand_path(cfg.data.eval_dir), cfg.data.eval_samples, cfg.train.eval_batch_size,
-                                   self.env.rank, self.env.world_size, cfg.runtime.unpad, self.device) \
-            if cfg.data.eval_dir else None
+        self.data = TrainData(cfg.data, cfg.balance, cfg.train.batch_size, self.env.rank, self.env.world_size, self.seed)
+        self.evaluator = Evaluator(cfg.data, cfg.train.eval_batch_size, self.env.rank, self.env.world_size,
+                                   cfg.runtime.unpad, self.device) if cfg.data.eval_dir else None
         self.state = LoopState(next_eval=cfg.train.eval_start_samples or cfg.train.eval_interval)
         self.stop = StopSignal()
         self.metrics = (out / "metrics" / f"run_{args.run_index}.jsonl") if self.rank0 else None
@@ -121,6 +116,26 @@ class Trainer:
     # ---- the run ----------------------------------------------------------------------------
 
     def run(self) -> int:
+        """Train until the target accuracy or a limit; 75 when a signal asked for a checkpoint."""
+        self.start()
+        window: list[Step] = []
+        while self.state.status is None:
+            step = self.train_step(self.next_micro_batches())
+            window.append(step)
+            self.count(step)
+            if self.eval_due(step):
+                self.evaluate()
+            self.state.status = self.stop_decision()
+            if self.report_due(step):
+                self.report(window)
+                window = []
+                if self.state.status is None and self.stop.agreed(self.device):
+                    return self.checkpoint_and_exit()
+            if self.checkpoint_due(step):
+                self.save_checkpoint()
+        return self.finish()
+
+    def start(self) -> None:
         self.warm_up()  # after a requeue too: bucket-wise clipping must know its bucket count again
         if not self.resumed:
             self.mllog.init_stop()
@@ -131,34 +146,13 @@ class Trainer:
         if self.evaluator:
             self.say(f"eval set: {self.cfg.data.eval_samples} samples, {self.evaluator.masked} masked tokens; "
                      f"guessing the most frequent one scores {self.evaluator.baseline:.3f} (the unigram baseline)")
-        self.say(f"training: {self.cfg.world_size} rank(s) x {self.cfg.train.batch_size} x "
-                 f"{self.cfg.train.gradient_accumulation_steps} = {self.cfg.train.global_batch_size} sequences per step, "
-                 f"seed {self.seed}, {'resumed at update ' + str(self.state.updates) if self.resumed else 'from the start'}")
-        window = []
-        while self.state.status is None:
-            started = time.perf_counter()
-            micro_batches = [self.next_batch() for _ in range(self.cfg.train.gradient_accumulation_steps)]
-            step = self.train_step(micro_batches)
-            step.seconds = time.perf_counter() - started  # data + compute, evaluation excluded
-            window.append(step)
-            self.account(step)
-            if self.state.status or (not step.skipped and self.state.updates % self.cfg.train.log_every_steps == 0):
-                self.report(window)
-                window = []
-                if self.stop.agreed(self.device):
-                    self.save_checkpoint()
-                    self.say(f"signal {self.stop.received}: checkpoint saved at update {self.state.updates}, exiting to be requeued")
-                    return REQUEUE_EXIT_CODE
-            if self.cfg.checkpoint.every_steps and not step.skipped and self.state.updates % self.cfg.checkpoint.every_steps == 0:
-                self.save_checkpoint()
-        if self.state.block_start < self.state.samples:  # a block the run ended in without an eval
-            self.mllog.block_stop(self.state.block_start, self.state.samples)
-        self.mllog.run_stop(self.state.status, self.state.samples)
-        self.say(f"run_stop: {self.state.status}{self.stop_reason()} after {self.state.samples} samples "
-                 f"({self.state.updates} updates, {self.state.skipped} skipped), eval accuracy {self.state.accuracy}")
-        if self.cfg.checkpoint.final_model and self.rank0:
-            write_model(expand_path(self.cfg.checkpoint.final_model), self.model)
-        return 0
+        t = self.cfg.train
+        self.say(f"training: {self.cfg.world_size} rank(s) x {t.batch_size} x {t.gradient_accumulation_steps} = "
+                 f"{t.global_batch_size} sequences per step, seed {self.seed}, "
+                 f"{'resumed at update ' + str(self.state.updates) if self.resumed else 'from the start'}")
+
+    def next_micro_batches(self) -> list[Batch]:
+        return [self.next_batch() for _ in range(self.cfg.train.gradient_accumulation_steps)]
 
     def next_batch(self) -> Batch:
         samples, packs = self.data.next_samples()
@@ -166,59 +160,99 @@ class Trainer:
             samples = self.exchange(samples, packs)
         return collate(samples, unpadded=self.cfg.runtime.unpad).to(self.device)
 
-    def train_step(self, micro_batches: list[Batch]) -> StepStats:
+    def train_step(self, micro_batches: list[Batch]) -> Step:
         """One optimizer update over the micro-batches of this step."""
-        update = self.state.updates + 1
-        lr = learning_rate(update, self.cfg.optim)
+        started = time.perf_counter()
+        lr = learning_rate(self.state.updates + 1, self.cfg.optim)
         set_learning_rate(self.optimizer, lr)
-        # The loss is normalised by the step's global number of masked tokens and sequences, so it
-        # is the same whatever the rank count and however exchange padding distributes the samples.
+        # The loss is normalised by the step's global number of masked tokens and sequences, so it is
+        # the same whatever the rank count and however exchange padding distributes the samples. The
+        # counts stay on the device: the normalisation needs no host sync.
         local = torch.tensor([[b.num_masked, b.num_sequences] for b in micro_batches], dtype=torch.float32).sum(0)
-        masked, sequences = distributed.all_reduce_sum(local.to(self.device)).tolist()
+        masked, sequences = distributed.all_reduce_sum(local.to(self.device))
         world = self.env.world_size  # DDP averages gradients over ranks: undo that division
         scale = self.scaler.get_scale() if self.scaler else 1.0
         self.grads.set_scale(scale)
-        model = self.ddp or self.model
-        sums = torch.zeros(5, device=self.device)
+        tally = Tally(self.device)
         for i, batch in enumerate(micro_batches):
-            with self.grads.micro_step_context(last=i == len(micro_batches) - 1):
-                with self.autocast():
-                    mlm_logits, nsp_logits = model(batch)
-                mlm, nsp = pretraining_loss_sums(mlm_logits, nsp_logits, batch)
-                loss = (mlm / masked + nsp / sequences) * world
-                (self.scaler.scale(loss) if self.scaler else loss).backward()
-            sums += torch.stack([mlm.detach(), nsp.detach(), torch.tensor(float(batch.num_masked), device=self.device),
-                                 torch.tensor(float(batch.num_sequences), device=self.device),
-                                 torch.tensor(float(batch.num_tokens), device=self.device)])
+            context = self.grads.micro_step_context(last=i == len(micro_batches) - 1)
+            mlm, nsp = self.forward_backward(batch, world / masked, world / sequences, context)
+            tally.add(mlm, nsp, batch.num_masked, batch.num_sequences, batch.num_tokens)
         self.grads.finish(scale)
         skipped = take_step(self.optimizer, self.scaler)
         self.optimizer.zero_grad(set_to_none=True)
-        return StepStats(loss=sums, lr=lr, skipped=skipped, sequences=int(sequences))
+        return Step(tally, lr, skipped, self.global_sequences(sequences), time.perf_counter() - started)
 
-    def account(self, step: StepStats) -> None:
-        """Count the step, evaluate when due, decide whether the run is over."""
-        s, t = self.state, self.cfg.train
+    def forward_backward(self, batch: Batch, mlm_weight, nsp_weight, context) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forward, the loss sums, and backward of mlm_weight * MLM + nsp_weight * NSP (loss-scaled in fp16),
+        inside `context`: whether DDP reduces in this backward (GradientSync.micro_step_context)."""
+        with context:
+            with self.autocast():
+                mlm_logits, nsp_logits = (self.ddp or self.model)(batch)
+            mlm, nsp = pretraining_loss_sums(mlm_logits, nsp_logits, batch)
+            loss = mlm * mlm_weight + nsp * nsp_weight
+            (self.scaler.scale(loss) if self.scaler else loss).backward()
+        return mlm, nsp
+
+    def global_sequences(self, counted: torch.Tensor) -> int:
+        """Sequences trained by all ranks in a step: the global batch, known without asking the device,
+        except with packing, where the number of sequences per pack varies."""
+        if not self.cfg.balance.packing:
+            return self.cfg.train.global_batch_size
+        return int(counted)
+
+    def count(self, step: Step) -> None:
         if step.skipped:
-            s.skipped += 1
+            self.state.skipped += 1  # the schedule repeats this update's learning rate
             return
-        s.updates += 1
-        s.samples += step.sequences
-        if self.evaluator and s.samples >= s.next_eval:
-            seconds = time.perf_counter() - self.block_clock
-            self.mllog.block_stop(s.block_start, s.samples)
-            s.accuracy, _ = self.evaluator.accuracy(self.model, self.autocast)
-            self.mllog.evaluation(s.samples, s.accuracy, {"throughput": (s.samples - s.block_start) / seconds,
-                                                          "skipped_steps": s.skipped, "updates": s.updates})
-            self.say(f"eval at {s.samples} samples: mlm accuracy {s.accuracy:.4f} (target {t.target_accuracy})")
-            s.block_start = s.samples
-            s.next_eval += t.eval_interval
-            if s.accuracy >= t.target_accuracy:
-                s.status = "success"
-                return
+        self.state.updates += 1
+        self.state.samples += step.sequences
+
+    def eval_due(self, step: Step) -> bool:
+        return self.evaluator is not None and not step.skipped and self.state.samples >= self.state.next_eval
+
+    def evaluate(self) -> None:
+        """Close the block with an evaluation; open the next block unless the target is reached."""
+        s, t = self.state, self.cfg.train
+        seconds = time.perf_counter() - self.block_clock
+        self.mllog.block_stop(s.block_start, s.samples)
+        s.accuracy, _ = self.evaluator.accuracy(self.model, self.autocast)
+        self.mllog.evaluation(s.samples, s.accuracy, {"throughput": (s.samples - s.block_start) / seconds,
+                                                      "skipped_steps": s.skipped, "updates": s.updates})
+        self.say(f"eval at {s.samples} samples: mlm accuracy {s.accuracy:.4f} (target {t.target_accuracy})")
+        s.block_start = s.samples
+        s.next_eval += t.eval_interval
+        if s.accuracy < t.target_accuracy:
             self.mllog.block_start(s.samples, s.next_eval - s.samples)
             self.block_clock = time.perf_counter()
+
+    def stop_decision(self) -> str | None:
+        """success once an evaluation reached the target; aborted at a sample or step limit."""
+        s, t = self.state, self.cfg.train
+        if s.accuracy is not None and s.accuracy >= t.target_accuracy:
+            return "success"
         if s.samples >= t.max_samples_termination or s.updates >= self.cfg.optim.max_steps:
-            s.status = "aborted"
+            return "aborted"
+        return None
+
+    def report_due(self, step: Step) -> bool:
+        every = self.cfg.train.log_every_steps
+        return self.state.status is not None or (not step.skipped and self.state.updates % every == 0)
+
+    def checkpoint_due(self, step: Step) -> bool:
+        every = self.cfg.checkpoint.every_steps
+        return bool(every) and self.state.status is None and not step.skipped and self.state.updates % every == 0
+
+    def finish(self) -> int:
+        s = self.state
+        if s.block_start < s.samples:  # a block the run ended in without an eval
+            self.mllog.block_stop(s.block_start, s.samples)
+        self.mllog.run_stop(s.status, s.samples)
+        self.say(f"run_stop: {s.status}{self.stop_reason()} after {s.samples} samples "
+                 f"({s.updates} updates, {s.skipped} skipped), eval accuracy {s.accuracy}")
+        if self.cfg.checkpoint.final_model and self.rank0:
+            write_model(expand_path(self.cfg.checkpoint.final_model), self.model)
+        return 0
 
     def stop_reason(self) -> str:
         """Why an aborted run stopped: MLPerf calls every run that missed its target 'aborted', which
@@ -229,30 +263,18 @@ class Trainer:
             else ("max_samples_termination", self.cfg.train.max_samples_termination)
         return f" ({limit[0]} {limit[1]} reached before the target accuracy {self.cfg.train.target_accuracy})"
 
-    def report(self, window: list[StepStats]) -> None:
-        """Progress line and metrics for the last steps (one allreduce of a few numbers)."""
-        seconds = sum(w.seconds for w in window)
-        sums = distributed.all_reduce_sum(torch.stack([w.loss for w in window]).sum(0)).tolist()
-        last = distributed.all_reduce_sum(window[-1].loss.clone()).tolist()
-        mlm_sum, nsp_sum, masked, sequences, tokens = sums
-        step_loss = last[0] / max(last[2], 1) + last[1] / max(last[3], 1)
-        seq_per_s, tok_per_s = sequences / seconds, tokens / seconds
-        record = {
-            "update": self.state.updates, "samples": self.state.samples, "loss": step_loss,
-            "mlm_loss": mlm_sum / max(masked, 1), "nsp_loss": nsp_sum / max(sequences, 1), "lr": window[-1].lr,
-            "seq_per_s": seq_per_s, "tokens_per_s": tok_per_s, "skipped": self.state.skipped,
-            "memory_gb": memory_gb(self.device), "time": time.time(),
-        }
-        mfu = model_flops_utilization(self.cfg, self.device, seq_per_s, tokens / max(sequences, 1), masked / max(sequences, 1))
-        if mfu is not None:
-            record["mfu"] = mfu
+    def report(self, window: list[Step]) -> None:
+        """Progress line and metrics for the last steps: the one place the loop waits for the device."""
+        total = Tally(self.device)
+        for step in window:
+            total += step.tally
+        sums, last = global_sums(total, window[-1].tally)
+        record = progress_record(self.state.updates, self.state.samples, self.state.skipped, window[-1].lr,
+                                 sum(w.seconds for w in window), sums, last, self.device, self.cfg.model,
+                                 self.cfg.world_size)
         if self.metrics:
-            self.metrics.parent.mkdir(parents=True, exist_ok=True)
-            with self.metrics.open("a") as f:
-                f.write(json.dumps(record) + "\n")
-        self.say(f"update {record['update']} | loss {step_loss:.4f} (mlm {record['mlm_loss']:.4f}, nsp {record['nsp_loss']:.4f}) "
-                 f"| lr {record['lr']:.3e} | {seq_per_s:.1f} seq/s {tok_per_s:,.0f} tok/s | mem {record['memory_gb']:.2f} GB"
-                 + (f" | mfu {mfu:.1%}" if mfu is not None else ""))
+            append_json_line(self.metrics, record)
+        self.say(progress_line(record))
 
     def warm_up(self) -> None:
         """Forward/backward passes on a maximum-length batch through the real collectives (exchange,
@@ -264,20 +286,21 @@ class Trainer:
         if not passes:
             return
         saved = rng_state()
-        model = self.ddp or self.model
         samples = longest_samples(self.cfg)
         for _ in range(passes):
             mine = self.exchange(samples) if self.exchange else samples
             batch = collate(mine, unpadded=self.cfg.runtime.unpad).to(self.device)
-            with self.autocast():
-                mlm_logits, nsp_logits = model(batch)
-            mlm, nsp = pretraining_loss_sums(mlm_logits, nsp_logits, batch)
-            ((mlm + nsp) * 1e-3).backward()
+            self.forward_backward(batch, 1e-3, 1e-3, contextlib.nullcontext())  # DDP reduces: the real collectives
             self.optimizer.zero_grad(set_to_none=True)
         set_rng_state(saved)
         self.say(f"warm-up: {passes} forward/backward pass(es) at length {self.cfg.data.max_seq_length}")
 
     # ---- checkpoints --------------------------------------------------------------------------
+
+    def checkpoint_and_exit(self) -> int:
+        self.save_checkpoint()
+        self.say(f"signal {self.stop.received}: checkpoint saved at update {self.state.updates}, exiting to be requeued")
+        return REQUEUE_EXIT_CODE
 
     def save_checkpoint(self) -> None:
         shared = {
@@ -330,8 +353,8 @@ def longest_samples(cfg: RunConfig) -> list[Sample]:
     """A micro-batch of maximum-length sequences with the most masked positions (for the warm-up)."""
     length, k = cfg.data.max_seq_length, cfg.data.max_predictions_per_seq
     ids = np.full(length, min(1000, cfg.model.vocab_size - 1), np.int64)
-    positions = np.linspace(1, length - 1, num=min(k, length - 1), dtype=np.int64)
-    sample = Sample(ids, (np.arange(length) >= length // 2).astype(np.int64), np.unique(positions), ids[np.unique(positions)], 0)
+    positions = np.unique(np.linspace(1, length - 1, num=min(k, length - 1), dtype=np.int64))
+    sample = Sample(ids, (np.arange(length) >= length // 2).astype(np.int64), positions, ids[positions], 0)
     return [sample] * cfg.train.batch_size
 
 
@@ -341,26 +364,6 @@ def seed_everything(seed: int, rank: int) -> None:
     random.seed(rank_seed)
     np.random.seed(rank_seed)
     torch.manual_seed(rank_seed)
-
-
-def memory_gb(device: torch.device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**30
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # kB on Linux
-
-
-PEAK_TFLOPS = {"A100": 312.0, "H100": 989.0, "H200": 989.0, "B200": 2250.0}  # dense bf16/fp16 tensor cores
-
-
-def model_flops_utilization(cfg: RunConfig, device: torch.device, seq_per_s: float, mean_len: float, masked: float):
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    peak = next((v for k, v in PEAK_TFLOPS.items() if k in name), None)
-    if peak is None:
-        return None
-    achieved = seq_per_s * flops_per_sequence(cfg.model, mean_len, masked) / cfg.world_size
-    return achieved / (peak * 1e12)
 
 
 def parse_args(argv: list[str] | None) -> RunArgs:
@@ -383,8 +386,8 @@ def main(argv: list[str] | None = None) -> int:
     except FileNotFoundError:
         return _fail(f"{args.config}: run configuration not found")
     except ValidationError as e:
-        first = e.errors(include_url=False)[0]
-        return _fail(f"{args.config}: {'.'.join(str(p) for p in first['loc'])}: {first['msg']}")
+        key, message = first_problem(e, RunConfig)
+        return _fail(f"{args.config}: {key}: {message}")
     except (yaml.YAMLError, TypeError) as e:
         return _fail(f"{args.config}: not a run configuration ({str(e).splitlines()[0]})")
     trainer = None

@@ -24,7 +24,7 @@ import h5py
 import numpy as np
 
 from trainer.balance import pack_sequences, quotas_from_counts
-from trainer.config import BIN_EDGES
+from trainer.config import BIN_EDGES, BalanceConfig, DataConfig, expand_path
 from trainer.data.layout import Sample, Shard, shard_files
 
 
@@ -201,32 +201,29 @@ class TrainData:
     packs, returned with the pack each sample belongs to (exchange padding moves whole packs).
     """
 
-    def __init__(self, train_dir: str, rank: int, world_size: int, batch_size: int, seed: int,
-                 num_streams: int | None = None, workers: int = 0, quotas: list[int] | None = None,
-                 stratified: bool = False, packing: bool = False, pack_window: int = 1024, capacity: int = 512):
-        num_streams = num_streams or world_size
+    def __init__(self, data: DataConfig, balance: BalanceConfig, batch_size: int, rank: int, world_size: int, seed: int):
+        num_streams = data.streams or world_size
         if num_streams % world_size or (batch_size * world_size) % num_streams:
             raise DataError(
                 f"{num_streams} data streams cannot be split evenly over {world_size} ranks x {batch_size} samples"
             )
         per_rank = num_streams // world_size
         self.per_stream = batch_size * world_size // num_streams
-        self.loader = ShardLoader(workers)
+        self.loader = ShardLoader(data.num_workers)
         mine = range(rank * per_rank, (rank + 1) * per_rank)
-        folder = Path(train_dir)
-        if stratified:
+        folder = Path(expand_path(data.train_dir))
+        if balance.stratified:
             bins = [shard_files(b) for b in bin_folders(folder)]
             if not bins:
                 raise DataError(f"{folder}: stratified batches need the 4-bin layout (subfolders 128/256/384/512)")
-            quotas = quotas or quotas_from_counts(np.array([count_samples(files) for files in bins]), self.per_stream)
-            self.quotas = quotas
-            self.streams = [StratifiedStream(bins, s, num_streams, seed, self.loader, quotas) for s in mine]
+            self.quotas = balance.bin_quotas or quotas_from_counts(
+                np.array([count_samples(files) for files in bins]), self.per_stream)
+            self.streams = [StratifiedStream(bins, s, num_streams, seed, self.loader, self.quotas) for s in mine]
         else:
-            files = training_files(train_dir)
+            files = training_files(folder)
             self.streams = [ShardStream(files, s, num_streams, seed, self.loader) for s in mine]
-        self.packed = [PackedStream(s, pack_window, capacity, seed) for s in self.streams] if packing else None
-        if packing and stratified:
-            raise DataError("packing and stratified batches are alternatives: choose one")
+        self.packed = [PackedStream(s, balance.pack_window, data.max_seq_length, seed) for s in self.streams] \
+            if balance.packing else None
 
     def next_samples(self) -> tuple[list[Sample], list[list[int]] | None]:
         """This rank's samples for one micro-step, and (when packing) which of them form each pack."""

@@ -1,0 +1,255 @@
+"""The run configuration: everything one rank needs to train, as one frozen, validated object.
+
+The orchestrator writes a `RunConfig` as `run.yaml`; every rank reads it back with
+`load_run_config`. Defaults are BERT-large with NVIDIA's MLPerf v1.1 conventions; the cluster
+files under `clusters/` set the recipe for each system and scale. Each component of the trainer is
+handed its own section (`cfg.data`, `cfg.optim`, ...); rules that tie sections together live in
+`RunConfig.cross_checks`, once.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar, Literal, Optional
+
+import yaml
+from pydantic import Field, model_validator
+
+from trainer.config.base import ConfigProblem, Section
+
+# Samsung's strata: sequence-length bins by their inclusive upper edges (1-128, 129-256, ...).
+BIN_EDGES = (128, 256, 384, 512)
+
+# A rank exits with this (EX_TEMPFAIL) after saving a checkpoint on SIGUSR2/SIGTERM; the job
+# script then requeues the job and the run resumes from the checkpoint.
+REQUEUE_EXIT_CODE = 75
+
+
+class ModelConfig(Section):
+    """BERT shape. Defaults are BERT-large (24 layers, 1024 hidden, 16 heads, 4096 FFN)."""
+
+    num_layers: int = Field(24, ge=1)
+    hidden_size: int = Field(1024, ge=8)
+    num_heads: int = Field(16, ge=1)
+    intermediate_size: int = Field(4096, ge=1)
+    vocab_size: int = Field(30522, ge=8)
+    max_position_embeddings: int = Field(512, ge=8)
+    type_vocab_size: int = Field(2, ge=1)
+    hidden_dropout: float = Field(0.1, ge=0.0, lt=1.0)
+    attention_dropout: float = Field(0.1, ge=0.0, lt=1.0)
+    layer_norm_eps: float = Field(1e-12, gt=0.0)
+    initializer_range: float = Field(0.02, gt=0.0)
+
+    @model_validator(mode="after")
+    def _heads_divide_hidden(self) -> "ModelConfig":
+        if self.hidden_size % self.num_heads:
+            raise ConfigProblem("num_heads", f"{self.num_heads} does not divide hidden_size ({self.hidden_size})")
+        return self
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """The vocabulary rounded up to a multiple of 8 (30522 -> 30528) for tensor-core GEMMs."""
+        return 8 * math.ceil(self.vocab_size / 8)
+
+
+class DataConfig(Section):
+    """Where the HDF5 shards are and what one sample looks like."""
+
+    train_dir: str
+    eval_dir: Optional[str] = None
+    max_seq_length: int = Field(512, ge=8)
+    max_predictions_per_seq: int = Field(76, ge=1)
+    num_workers: int = Field(2, ge=0)
+    eval_samples: int = Field(10000, ge=1)
+    # independent shard readers; None: one per rank. Fix it to keep the sample order when the
+    # rank count changes (a 1-rank run with streams: 2 sees what a 2-rank run sees).
+    streams: Optional[int] = Field(None, ge=1)
+
+
+class OptimConfig(Section):
+    """Optimizer, LR schedule and gradient clipping."""
+
+    name: Literal["lamb", "adam"] = "lamb"
+    lr: float = Field(gt=0.0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    epsilon: float = Field(1e-6, gt=0.0)
+    weight_decay: float = Field(0.01, ge=0.0)
+    # nvidia: warmup then poly decay measured from step 0 (the MLPerf reference);
+    # samsung: decay measured from the end of warmup over lr_max_steps, clamped to end_lr.
+    schedule: Literal["nvidia", "samsung"] = "nvidia"
+    warmup_steps: int = Field(0, ge=0)
+    warmup_proportion: float = Field(0.0, ge=0.0, le=1.0)
+    start_warmup_step: int = 0
+    max_steps: int = Field(ge=1)
+    lr_max_steps: Optional[int] = Field(None, ge=1)
+    end_lr: float = Field(0.0, ge=0.0)
+    # local: clip this rank's whole gradient before the allreduce (NVIDIA v1.1);
+    # bucket: clip each DDP bucket before its allreduce (Samsung v1.1);
+    # after_allreduce: clip the averaged gradient; none: no clipping.
+    clip: Literal["local", "bucket", "after_allreduce", "none"] = "local"
+    max_grad_norm: float = Field(1.0, gt=0.0)
+
+    @model_validator(mode="after")
+    def _betas_in_range(self) -> "OptimConfig":
+        if not all(0.0 <= b < 1.0 for b in self.betas):
+            raise ConfigProblem("betas", f"each must be in [0, 1), got {list(self.betas)}")
+        return self
+
+    @property
+    def schedule_horizon(self) -> int:
+        """Steps over which the LR decays (Samsung used 179 while logging 299)."""
+        return self.lr_max_steps or self.max_steps
+
+
+class TrainConfig(Section):
+    """Batching, stopping and evaluation."""
+
+    batch_size: int = Field(ge=1, description="sequences per rank per micro-step")
+    gradient_accumulation_steps: int = Field(1, ge=1)
+    global_batch_size: int = Field(ge=1)
+    eval_batch_size: int = Field(16, ge=1)
+    max_samples_termination: int = Field(ge=1)
+    target_accuracy: float = Field(0.720, gt=0.0, lt=1.0)
+    # None: the MLPerf formula floor(0.05*(230.23*GBS + 3e6)/25000)*25000
+    eval_every_samples: Optional[int] = Field(None, ge=1)
+    eval_start_samples: Optional[int] = Field(None, ge=0)
+    init_checkpoint: Optional[str] = None
+    seed: int = Field(0, ge=0, description="run i of an experiment uses seed + i")
+    log_every_steps: int = Field(10, ge=1)
+
+    @property
+    def eval_interval(self) -> int:
+        if self.eval_every_samples is not None:
+            return self.eval_every_samples
+        return mlperf_eval_interval(self.global_batch_size)
+
+
+class BalanceConfig(Section):
+    """Load balancing across ranks (Samsung's and NVIDIA's MLPerf techniques)."""
+
+    stratified: bool = False
+    bin_quotas: Optional[list[int]] = None
+    exchange_padding: Literal["none", "global", "group"] = "none"
+    group_size: int = Field(8, ge=1)
+    snake: bool = True
+    # packing: a rank's micro-batch is batch_size packs (rows of at most max_seq_length tokens,
+    # about two sequences each), packed best-fit from windows of pack_window samples
+    packing: bool = False
+    pack_window: int = Field(1024, ge=1)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "BalanceConfig":
+        if self.bin_quotas is not None:
+            if len(self.bin_quotas) != len(BIN_EDGES) or any(q < 0 for q in self.bin_quotas):
+                raise ConfigProblem("bin_quotas", f"needs {len(BIN_EDGES)} non-negative counts, got {self.bin_quotas}")
+            if not self.stratified:
+                raise ConfigProblem("bin_quotas", "is set but stratified is false")
+        if self.packing and self.stratified:
+            raise ConfigProblem("packing", "packing and stratified batches are alternatives, choose one")
+        return self
+
+
+class RuntimeConfig(Section):
+    """Where and how the maths runs."""
+
+    device: Literal["cpu", "cuda"] = "cpu"
+    backend: Literal["gloo", "nccl"] = "gloo"
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    kernels: Literal["torch", "apex"] = "torch"
+    unpad: bool = False
+    dense_seq_output: bool = True
+    nccl_warmup_steps: int = Field(0, ge=0)
+    init_loss_scale: float = Field(2.0**20, gt=0.0)
+    num_threads: Optional[int] = Field(None, ge=1)
+
+
+class CheckpointConfig(Section):
+    # where a run keeps its checkpoints; None: <out>/checkpoints/run_<index>
+    dir: Optional[str] = None
+    keep: int = Field(3, ge=1)
+    every_steps: int = Field(0, ge=0, description="0: only when signalled (SIGUSR2/SIGTERM)")
+    # write the final weights here as {"model": state_dict}: a phase-1 checkpoint for the next phase
+    final_model: Optional[str] = None
+
+
+class MLPerfConfig(Section):
+    """What the MLPerf log says about the submission."""
+
+    org: str = "bertctl"
+    division: Literal["closed", "open"] = "closed"
+    status: Literal["onprem", "cloud", "preview", "research"] = "onprem"
+    platform: str = "unknown"
+    ruleset: str = "5.0.0"
+    # opt_epsilon and the 398 weights_initialization records that rulesets 1.1.0-2.1.0 require
+    legacy_keys: bool = True
+
+
+class RunConfig(Section):
+    """One resolved run configuration: what `python -m trainer --config run.yaml` reads."""
+
+    derived_fields: ClassVar[dict[str, str]] = {
+        "world_size": "it is nodes x tasks_per_node of the cluster that runs it",
+    }
+
+    world_size: int = Field(1, ge=1, description="ranks the job starts; checked against the launcher")
+    model: ModelConfig = ModelConfig()
+    data: DataConfig
+    optim: OptimConfig
+    train: TrainConfig
+    balance: BalanceConfig = BalanceConfig()
+    runtime: RuntimeConfig = RuntimeConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    mlperf: MLPerfConfig = MLPerfConfig()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "RunConfig":
+        for problem in self.cross_checks():
+            raise problem
+        return self
+
+    def cross_checks(self) -> list[ConfigProblem]:
+        """Rules that tie sections together, each checked here and nowhere else."""
+        problems = []
+        t, rt, bal = self.train, self.runtime, self.balance
+        expected = self.world_size * t.batch_size * t.gradient_accumulation_steps
+        if t.global_batch_size != expected:
+            problems.append(ConfigProblem(
+                "train.global_batch_size",
+                f"is {t.global_batch_size} but ranks x batch_size x gradient_accumulation_steps = "
+                f"{self.world_size} x {t.batch_size} x {t.gradient_accumulation_steps} = {expected}"))
+        if rt.device == "cpu":
+            cuda_only = {"backend": rt.backend == "nccl", "precision": rt.precision != "fp32", "kernels": rt.kernels == "apex"}
+            problems += [ConfigProblem(f"runtime.{key}", f"{getattr(rt, key)} needs runtime.device=cuda")
+                         for key, asked in cuda_only.items() if asked]
+        if bal.exchange_padding == "group" and self.world_size % bal.group_size:
+            problems.append(ConfigProblem(
+                "balance.group_size", f"{bal.group_size} does not divide the number of ranks ({self.world_size})"))
+        if bal.bin_quotas is not None and sum(bal.bin_quotas) != t.batch_size:
+            problems.append(ConfigProblem(
+                "balance.bin_quotas", f"{bal.bin_quotas} must add up to train.batch_size ({t.batch_size})"))
+        if bal.packing and not rt.unpad:
+            problems.append(ConfigProblem("balance.packing", "packed rows run on the unpadded path: set runtime.unpad true"))
+        if self.data.max_seq_length > self.model.max_position_embeddings:
+            problems.append(ConfigProblem(
+                "data.max_seq_length",
+                f"{self.data.max_seq_length} exceeds model.max_position_embeddings ({self.model.max_position_embeddings})"))
+        if self.mlperf.division == "closed" and t.target_accuracy < 0.720:
+            problems.append(ConfigProblem(
+                "train.target_accuracy",
+                f"{t.target_accuracy} is below MLPerf's 0.720: set mlperf.division=open for a lower target"))
+        return problems
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False, width=100)
+
+
+def mlperf_eval_interval(global_batch_size: int) -> int:
+    """Samples between evaluations by the MLPerf BERT rule: floor(0.05*(230.23*GBS + 3e6)/25000)*25000."""
+    return int(math.floor(0.05 * (230.23 * global_batch_size + 3_000_000) / 25_000) * 25_000)
+
+
+def load_run_config(path: str) -> RunConfig:
+    with open(path, encoding="utf-8") as f:
+        return RunConfig.model_validate(yaml.safe_load(f))
+
+
