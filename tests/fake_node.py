@@ -3,8 +3,8 @@
 2 sockets x 64 cores with SMT (CPU c and c + 128 are one core), NPS4: 8 NUMA nodes of 16 cores.
 The PCIe tree, bus ids and NUMA nodes of the 8 GPUs and 8 compute NICs are those of NVIDIA's
 dgxa100_nic_affinity.xml (MLPerf training v1.0, NVIDIA BERT): each NUMA node with GPUs has one
-PCIe switch holding two lower switches, each with one GPU and one NIC. mlx5 names follow PCI order,
-as on the machine (mlx5_4 and mlx5_5, the storage NICs, are left out).
+PCIe switch holding two lower switches, each with one GPU and one NIC. The mlx5 names are assumed
+to follow PCI order (the XML gives bus ids only); mlx5_4 and mlx5_5, the storage NICs, are left out.
 """
 
 from __future__ import annotations
