@@ -1,108 +1,217 @@
-"""`python -m trainer.binding [policy] -- cmd ...`: bind one rank, then exec its command.
+"""`python -m trainer.binding [policy] -- cmd ...`: bind one rank near its GPU, then exec its command.
 
-The policies are NVIDIA's bind.sh ones, computed from this node's real topology (/sys) instead
-of `lscpu` text:
+The policies are NVIDIA's bind.sh ones, applied where the rank's GPU sits (trainer/topology.py
+reads that from /sys and the NVIDIA driver's procfs):
 
-- cpu exclusive: the node's physical cores split into equal contiguous shares, one per local rank,
-  with their SMT siblings; exclusive_nosmt: the same without siblings; node: the rank's NUMA node.
-- mem node: memory bound to the rank's NUMA node (`numactl --membind`).
-- ib single: one InfiniBand device per rank (`UCX_NET_DEVICES`, `OMPI_MCA_btl_openib_if_include`).
+- cpu exclusive: the physical cores of the GPU's NUMA node, split into equal contiguous shares among
+  the local ranks whose GPUs sit on that node (disjoint), with their SMT siblings; exclusive_nosmt:
+  the same without siblings; node: the whole NUMA node.
+- mem node: memory bound to the GPU's NUMA node (`numactl --membind`).
+- ib single: of the listed InfiniBand devices, the one nearest the GPU on its NUMA node (deepest
+  shared PCIe switch), exported as `UCX_NET_DEVICES` and `OMPI_MCA_btl_openib_if_include`.
 
-On a DGX A100 (2 x 64 cores, SMT, 8 NUMA nodes, 8 ranks) rank r gets cores 16r..16r+15 and their
-siblings 128+16r.., and NUMA node r.
+On a DGX A100 (2 x 64 cores, SMT, 8 NUMA nodes; GPUs 0-1 on NUMA node 3, 2-3 on 1, 4-5 on 7, 6-7
+on 5) rank 0 gets cores 48-55 and 176-183, memory node 3 and mlx5_1 (behind GPU 0's PCIe switch).
+
+Where the locality cannot be read (no NVIDIA driver, a GPU whose numa_node is -1, ...), the rank is
+placed by position as bind.sh does: all the node's cores split by local rank, NUMA node
+local_rank * nodes / ranks, IB device local_rank * devices / ranks. The wrapper then prints one line
+to stderr, `binding: rank R: <why>: <what> by position`. The plan it applied is exported to the
+command as JSON in BERTCTL_BINDING (see `applied`).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
-import re
 import shutil
 import sys
-from dataclasses import dataclass, field
+from collections import Counter
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from trainer.dist_env import detect
+from trainer.topology import (
+    Gpu, NoLocality, PciPlace, Topology, cuda_devices, format_cpu_list, gpu_place, ib_place, nvidia_gpus,
+    parse_cpu_list, read_topology,
+)
 
-SYS_CPU = Path("/sys/devices/system/cpu")
-SYS_NODE = Path("/sys/devices/system/node")
+PLAN_VARIABLE = "BERTCTL_BINDING"
 
 
 @dataclass(frozen=True)
-class Topology:
-    cores: list[list[int]]  # physical cores in order, each the list of its hardware threads
-    numa_nodes: list[list[int]]  # CPUs of each NUMA node
+class Policy:
+    cpu: str = "none"  # none | exclusive | exclusive_nosmt | node
+    mem: str = "none"  # none | node
+    ib: str = "none"  # none | single
+    ib_devices: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a rank goes, before a policy turns it into numactl options."""
+
+    numa_node: int
+    node_cpus: list[int]  # the CPUs of that NUMA node
+    cores: list[list[int]]  # physical cores this rank splits with the others in its group
+    slot: int  # this rank's share of `cores`
+    slots: int  # how many ranks split `cores`
+    gpu: str | None = None  # PCI bus id of the rank's GPU
+    ib_device: str | None = None
+    fallback: str | None = None  # why part of the placement went by position
 
 
 @dataclass
 class Plan:
-    numactl: list[str] = field(default_factory=list)
+    local_rank: int
+    numa_node: int
+    gpu: str | None = None
+    ib_device: str | None = None
     cpus: list[int] = field(default_factory=list)
+    numactl: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    fallback: str | None = None
+
+    def as_dict(self) -> dict:
+        """JSON-ready: `cpus` as a cpulist string ('48-55,176-183'); fallback None when all went by locality."""
+        d = asdict(self)
+        d["cpus"] = format_cpu_list(self.cpus)
+        return d
 
 
-def parse_cpu_list(text: str) -> list[int]:
-    """'0-3,8,10-11' -> [0, 1, 2, 3, 8, 10, 11]"""
-    cpus: list[int] = []
-    for part in filter(None, text.strip().split(",")):
-        lo, _, hi = part.partition("-")
-        cpus.extend(range(int(lo), int(hi or lo) + 1))
-    return cpus
-
-
-def read_topology() -> Topology:
-    allowed = os.sched_getaffinity(0)
-    cores: dict[tuple[int, ...], None] = {}
-    for cpu_dir in sorted(SYS_CPU.glob("cpu[0-9]*"), key=lambda p: int(p.name[3:])):
-        siblings = cpu_dir / "topology" / "thread_siblings_list"
-        threads = parse_cpu_list(siblings.read_text()) if siblings.exists() else [int(cpu_dir.name[3:])]
-        threads = [t for t in threads if t in allowed]
-        if threads:
-            cores.setdefault(tuple(threads), None)
-    numa = [
-        [c for c in parse_cpu_list((d / "cpulist").read_text()) if c in allowed]
-        for d in sorted(SYS_NODE.glob("node[0-9]*"), key=lambda p: int(p.name[4:]))
-        if re.fullmatch(r"node\d+", d.name)
-    ]
-    return Topology(cores=[list(c) for c in cores], numa_nodes=[n for n in numa if n] or [sorted(allowed)])
-
-
-def plan_binding(
-    local_rank: int, tasks_per_node: int, topo: Topology,
-    cpu: str = "none", mem: str = "none", ib: str = "none", ib_devices: tuple[str, ...] = (),
+def plan_rank(
+    local_rank: int, tasks_per_node: int, policy: Policy, root: Path | str = "/",
+    environ: dict[str, str] | None = None, allowed: set[int] | None = None,
 ) -> Plan:
-    plan = Plan()
-    numa = local_rank * len(topo.numa_nodes) // tasks_per_node
-    if cpu in ("exclusive", "exclusive_nosmt"):
-        share = len(topo.cores) // tasks_per_node
+    """The binding of one rank: by its GPU's locality, else by position with the reason in `fallback`."""
+    if not 0 <= local_rank < tasks_per_node:
+        raise ValueError(f"local rank {local_rank} is not below --tasks-per-node {tasks_per_node}")
+    if policy.ib == "single" and not policy.ib_devices:
+        raise ValueError("--ib single needs --ib-devices (e.g. mlx5_0,mlx5_1)")
+    env = dict(os.environ if environ is None else environ)
+    topo = read_topology(root, allowed)
+    try:
+        placement = by_locality(local_rank, tasks_per_node, topo, policy, Path(root), env)
+    except NoLocality as why:
+        what = "NUMA node and IB device" if policy.ib == "single" else "NUMA node"
+        placement = by_position(local_rank, tasks_per_node, topo, policy)
+        placement = replace(placement, fallback=f"{why}: {what} by position")
+    return apply_policy(local_rank, placement, policy)
+
+
+def by_position(local_rank: int, tasks_per_node: int, topo: Topology, policy: Policy) -> Placement:
+    """bind.sh's rule: rank r of n takes NUMA node r * nodes / n and the r-th share of all the node's cores."""
+    nodes = sorted(topo.numa_nodes)
+    return Placement(
+        numa_node=(node := nodes[local_rank * len(nodes) // tasks_per_node]),
+        node_cpus=topo.numa_nodes[node], cores=topo.cores, slot=local_rank, slots=tasks_per_node,
+        ib_device=ib_by_position(local_rank, tasks_per_node, policy),
+    )
+
+
+def ib_by_position(local_rank: int, tasks_per_node: int, policy: Policy) -> str | None:
+    if policy.ib != "single":
+        return None
+    return policy.ib_devices[local_rank * len(policy.ib_devices) // tasks_per_node]
+
+
+def by_locality(
+    local_rank: int, tasks_per_node: int, topo: Topology, policy: Policy, root: Path, environ: dict[str, str],
+) -> Placement:
+    """The rank's GPU's NUMA node; its cores split among the local ranks whose GPUs share that node.
+
+    Every rank of the node reads the same files and checks all the node's GPUs, so either all ranks
+    go by locality or all by position: their CPU shares never overlap."""
+    devices = cuda_devices(nvidia_gpus(root), environ)
+    if len(devices) < tasks_per_node:
+        raise NoLocality(f"{visible_devices(environ)} gives {len(devices)} GPUs for {tasks_per_node} ranks per node")
+    places = [gpu_place(root, gpu) for gpu in devices[:tasks_per_node]]
+    check_node(devices, places, topo, policy)
+    mine = places[local_rank]
+    group = [rank for rank, place in enumerate(places) if place.numa_node == mine.numa_node]
+    placement = Placement(
+        numa_node=mine.numa_node, node_cpus=topo.numa_nodes[mine.numa_node], cores=topo.cores_of(mine.numa_node),
+        slot=group.index(local_rank), slots=len(group), gpu=devices[local_rank].bus_id,
+    )
+    if policy.ib != "single":
+        return placement
+    try:
+        return replace(placement, ib_device=nearest_ib(mine, placement.slot, policy.ib_devices, root))
+    except NoLocality as why:
+        return replace(placement, ib_device=ib_by_position(local_rank, tasks_per_node, policy),
+                       fallback=f"{why}: IB device by position")
+
+
+def check_node(devices: list[Gpu], places: list[PciPlace], topo: Topology, policy: Policy) -> None:
+    """Raise unless every rank of the node can be placed by its GPU."""
+    for gpu, place in zip(devices, places):
+        if place.numa_node < 0:
+            raise NoLocality(f"GPU {gpu.bus_id} has numa_node -1 (the firmware does not say where it sits)")
+        if place.numa_node not in topo.numa_nodes:
+            raise NoLocality(f"GPU {gpu.bus_id} sits on NUMA node {place.numa_node}, where this task may use no CPU")
+    if policy.cpu in ("exclusive", "exclusive_nosmt"):
+        for node, ranks in sorted(Counter(p.numa_node for p in places).items()):
+            if len(topo.cores_of(node)) < ranks:
+                raise NoLocality(f"NUMA node {node} has {len(topo.cores_of(node))} physical cores for {ranks} ranks")
+
+
+def visible_devices(environ: dict[str, str]) -> str:
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    return "the driver" if visible is None else f"CUDA_VISIBLE_DEVICES={visible!r}"
+
+
+def nearest_ib(gpu: PciPlace, slot: int, names: tuple[str, ...], root: Path) -> str:
+    """Of the listed devices on the GPU's NUMA node, the one sharing the most PCIe bridges with it;
+    ranks whose GPUs are equally near several take them in turn (by their slot on the node)."""
+    places = {name: ib_place(root, name) for name in names}
+    local = [name for name in names if places[name].numa_node == gpu.numa_node]
+    if not local:
+        raise NoLocality(f"none of the IB devices {','.join(names)} sits on NUMA node {gpu.numa_node}")
+    depth = {name: gpu.shared_depth(places[name]) for name in local}
+    nearest = [name for name in local if depth[name] == max(depth.values())]
+    return nearest[slot % len(nearest)]
+
+
+def apply_policy(local_rank: int, placement: Placement, policy: Policy) -> Plan:
+    p = placement
+    plan = Plan(local_rank=local_rank, numa_node=p.numa_node, gpu=p.gpu, ib_device=p.ib_device, fallback=p.fallback)
+    if policy.cpu in ("exclusive", "exclusive_nosmt"):
+        share = len(p.cores) // p.slots
         if share == 0:
-            raise ValueError(f"{len(topo.cores)} physical cores cannot give {tasks_per_node} ranks one each")
-        mine = topo.cores[local_rank * share:(local_rank + 1) * share]
+            raise ValueError(f"{len(p.cores)} physical cores cannot give {p.slots} ranks one each")
+        mine = p.cores[p.slot * share:(p.slot + 1) * share]
         primaries = [threads[0] for threads in mine]
         siblings = [t for threads in mine for t in threads[1:]]
-        plan.cpus = sorted(primaries + ([] if cpu == "exclusive_nosmt" else siblings))
+        plan.cpus = sorted(primaries + ([] if policy.cpu == "exclusive_nosmt" else siblings))
         plan.numactl.append("--physcpubind=" + format_cpu_list(plan.cpus))
-    elif cpu == "node":
-        plan.cpus = topo.numa_nodes[numa]
-        plan.numactl.append(f"--cpunodebind={numa}")
-    if mem == "node":
-        plan.numactl.append(f"--membind={numa}")
-    if ib == "single":
-        dev = ib_devices[local_rank * len(ib_devices) // tasks_per_node]
-        plan.env.update(UCX_NET_DEVICES=f"{dev}:1", OMPI_MCA_btl_openib_if_include=dev)
+    elif policy.cpu == "node":
+        plan.cpus = p.node_cpus
+        plan.numactl.append(f"--cpunodebind={p.numa_node}")
+    if policy.mem == "node":
+        plan.numactl.append(f"--membind={p.numa_node}")
+    if p.ib_device:
+        plan.env.update(UCX_NET_DEVICES=f"{p.ib_device}:1", OMPI_MCA_btl_openib_if_include=p.ib_device)
     return plan
 
 
-def format_cpu_list(cpus: list[int]) -> str:
-    """[0, 1, 2, 3, 8] -> '0-3,8'"""
-    ranges, start = [], None
-    for i, c in enumerate(cpus):
-        if start is None:
-            start = c
-        if i + 1 == len(cpus) or cpus[i + 1] != c + 1:
-            ranges.append(f"{start}-{c}" if c != start else str(c))
-            start = None
-    return ",".join(ranges)
+def describe(
+    policy: Policy, tasks_per_node: int | None = None, environ: dict[str, str] | None = None,
+    root: Path | str = "/", allowed: set[int] | None = None,
+) -> dict:
+    """The plan for this process's rank as a dict (torch-free): rank, local_rank, gpu (PCI bus id),
+    numa_node, cpus (cpulist string), ib_device, numactl, env, fallback (None: all by GPU locality)."""
+    env = dict(os.environ if environ is None else environ)
+    me = detect(env)
+    plan = plan_rank(me.local_rank, tasks_per_node or me.local_world_size, policy, root, env, allowed)
+    return {"rank": me.rank, **plan.as_dict()}
+
+
+def applied(environ: dict[str, str] | None = None) -> dict | None:
+    """The plan the binding wrapper applied to this process (`describe`'s dict), None without the wrapper."""
+    env = os.environ if environ is None else environ
+    text = env.get(PLAN_VARIABLE)
+    return json.loads(text) if text else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -119,24 +228,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks-per-node", type=int, required=True)
     opts = parser.parse_args(args[:split])
     command = args[split + 1:]
-    me = detect()
+    policy = Policy(opts.cpu, opts.mem, opts.ib, tuple(d for d in opts.ib_devices.split(",") if d))
     try:
-        plan = plan_binding(
-            me.local_rank, opts.tasks_per_node, read_topology(), opts.cpu, opts.mem, opts.ib,
-            tuple(d for d in opts.ib_devices.split(",") if d),
-        )
+        plan = describe(policy, opts.tasks_per_node)
     except ValueError as e:
-        print(f"error: binding rank {me.rank}: {e}", file=sys.stderr)
+        print(f"error: binding rank {detect().rank}: {e}", file=sys.stderr)
         return 2
-    os.environ.update(plan.env)
-    if plan.numactl:
+    if plan["fallback"]:
+        print(f"binding: rank {plan['rank']}: {plan['fallback']}", file=sys.stderr, flush=True)
+    os.environ.update(plan["env"])
+    os.environ[PLAN_VARIABLE] = json.dumps(plan, sort_keys=True)
+    return exec_bound(plan, opts.mem != "none", command)
+
+
+def exec_bound(plan: dict, needs_numactl: bool, command: list[str]) -> int:
+    if plan["numactl"]:
         numactl = shutil.which("numactl")
         if numactl:
-            os.execv(numactl, [numactl, *plan.numactl, *command])
-        if opts.mem != "none":
+            os.execv(numactl, [numactl, *plan["numactl"], *command])
+        if needs_numactl:
             print("error: memory binding needs numactl (install it, or set node.binding.mem=none)", file=sys.stderr)
             return 2
-        os.sched_setaffinity(0, plan.cpus)  # CPU binding alone works without numactl
+        os.sched_setaffinity(0, parse_cpu_list(plan["cpus"]))  # CPU binding alone works without numactl
     os.execvp(command[0], command)
     return 1  # not reached
 
