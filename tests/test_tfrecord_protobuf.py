@@ -5,6 +5,7 @@ encoding TensorFlow accepts, the same bytes written, the same one-line errors fo
 import importlib.util
 import os
 import random
+import re
 import sys
 
 import numpy as np
@@ -188,16 +189,16 @@ def test_an_mlperf_feature_of_another_kind_is_named():
 
 
 @pytest.mark.parametrize("backend", ["upb", "python"])
-@pytest.mark.parametrize("payload, reason", [
-    (b"\xff\xff\xff", {"upb": "Wire format was corrupt", "python": "Truncated message."}),
-    (hand.encode_bytes(1, hand.encode_bytes(1, hand.encode_bytes(1, b"\xff"))),  # a feature name that is not UTF-8
-     {"upb": "String field had bad UTF-8", "python": "'utf-8' codec can't decode byte 0xff"}),
+@pytest.mark.parametrize("payload", [
+    b"\xff\xff\xff",
+    hand.encode_bytes(1, hand.encode_bytes(1, hand.encode_bytes(1, b"\xff"))),  # a feature name that is not UTF-8
 ])
-def test_a_payload_that_is_no_example_is_one_line_naming_the_record(tmp_path, backend, payload, reason):
+def test_a_payload_that_is_no_example_is_one_line_naming_the_record(tmp_path, backend, payload):
     path = tfrecord.write_records(tmp_path / "part-00003", [small_record(), payload])
     out = tmp_path / "out.hdf5"
     env = {**os.environ, "PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION": backend}
     result = worker("tfrecord-to-hdf5", "--input", str(path), "--output", str(out), env=env)
-    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
-    assert result.stderr.startswith(f"error: {path}: record 1: not a tf.train.Example ({reason[backend]}")
-    assert not out.exists()
+    # protobuf's reason (its wording depends on the version and backend), without its "with type ..." prefix
+    assert result.returncode == 2
+    assert re.fullmatch(rf"error: {re.escape(str(path))}: record 1: not a tf\.train\.Example \([^\n]+\)\n", result.stderr)
+    assert "with type" not in result.stderr and not out.exists()

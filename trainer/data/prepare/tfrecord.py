@@ -117,15 +117,11 @@ def example_file_descriptor() -> descriptor_pb2.FileDescriptorProto:
     return proto
 
 
-def _example_class() -> type:
-    # a pool of our own: TensorFlow's generated tensorflow.Example in the default pool (when TensorFlow is
-    # imported in the same process) is never in conflict with this one
-    pool = descriptor_pool.DescriptorPool()
-    pool.Add(example_file_descriptor())
-    return message_factory.GetMessageClass(pool.FindMessageTypeByName("tensorflow.Example"))
-
-
-Example = _example_class()
+# A pool of our own, so that TensorFlow's generated tensorflow.Example (in the default pool, when TensorFlow is
+# imported in the same process) never conflicts with this one; a module global, alive as long as the classes.
+_POOL = descriptor_pool.DescriptorPool()
+_POOL.Add(example_file_descriptor())
+Example = message_factory.GetMessageClass(_POOL.FindMessageTypeByName("tensorflow.Example"))
 
 
 def parse_example(payload: bytes) -> dict[str, np.ndarray | list[bytes]]:
