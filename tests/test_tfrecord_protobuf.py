@@ -94,12 +94,23 @@ def test_packed_unpacked_negative_and_empty_features_read_as_tensorflow_means_th
     assert same_features(got, expected) and same_features(hand.parse_example(payload), expected)
 
 
+def test_a_feature_given_twice_or_with_two_kinds_reads_as_protobuf_and_tensorflow_merge_it():
+    ints = hand.encode_bytes(3, hand.int64_list([1, 2])) + hand.encode_bytes(3, hand.int64_list([3], packed=False))
+    two_kinds = hand.encode_bytes(3, hand.int64_list([7])) + hand.encode_bytes(2, hand.float_list([0.5]))
+    entries = [hand.encode_bytes(1, hand.encode_bytes(1, name) + hand.encode_bytes(2, feature))
+               for name, feature in ((b"twice", ints), (b"kinds", two_kinds))]
+    got = tfrecord.parse_example(hand.encode_bytes(1, b"".join(entries)))
+    assert same_features(got, {"twice": np.array([1, 2, 3]), "kinds": np.array([0.5], np.float32)})
+
+
 # ---- the same bytes written
 
 def test_protobuf_writes_the_bytes_the_hand_encoder_wrote():
     for sample in random_samples(random.Random(7), 20):
         features = tfrecord.features_from_sample(sample, 512, 76)
         assert tfrecord.build_example(features) == hand.build_example(features)
+    flags = {"flags": np.array([True, False, True])}
+    assert tfrecord.build_example(flags) == hand.build_example(flags)
 
 
 @settings(max_examples=60, deadline=None)

@@ -126,7 +126,9 @@ Example = message_factory.GetMessageClass(_POOL.FindMessageTypeByName("tensorflo
 
 def parse_example(payload: bytes) -> dict[str, np.ndarray | list[bytes]]:
     """Feature name -> int64 array, float32 array, or list of byte strings; DecodeError (or, with protobuf's
-    pure-Python backend, UnicodeDecodeError for a name that is not UTF-8) if the payload is no tf.train.Example."""
+    pure-Python backend, UnicodeDecodeError for a name that is not UTF-8) if the payload is no tf.train.Example.
+    Odd encodings follow protobuf's rules, as TensorFlow does: a list given twice in a Feature is concatenated,
+    and of two kinds in one Feature the last wins."""
     return {name: feature_values(feature) for name, feature in Example.FromString(payload).features.feature.items()}
 
 
@@ -149,9 +151,10 @@ def build_example(features: dict[str, np.ndarray | list[int] | list[float]]) -> 
     for name, values in features.items():
         values = np.asarray(values)
         feature = example.features.feature[name]
-        numbers = feature.float_list if values.dtype.kind == "f" else feature.int64_list
+        floats = values.dtype.kind == "f"
+        numbers = feature.float_list if floats else feature.int64_list
         numbers.SetInParent()  # an empty list is still a list of that kind
-        numbers.value.extend(values.tolist())
+        numbers.value.extend(values.tolist() if floats else values.astype(np.int64).tolist())  # (bools too)
     return example.SerializeToString(deterministic=True)  # deterministic: map entries in name order
 
 
