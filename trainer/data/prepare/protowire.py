@@ -1,18 +1,15 @@
-"""The protocol-buffer wire format, as far as TFRecords and TensorFlow checkpoints need it.
+"""The protocol-buffer wire format, as far as TensorFlow checkpoints need it (their index is an SSTable of
+varint-framed entries whose values are small BundleEntryProtos; TFRecords' Examples go through protobuf).
 
 A message is a sequence of fields, each a key `(field_number << 3) | wire_type` (a varint)
 followed by its value: a varint (type 0), 8 bytes (type 1), a length-prefixed byte string (type 2,
 also used for packed repeated numbers and nested messages) or 4 bytes (type 5). Varints are
-little-endian groups of 7 bits, the high bit set on every byte but the last. Packed varints are
-decoded with numpy, because a MLPerf sample holds ~1,700 of them.
+little-endian groups of 7 bits, the high bit set on every byte but the last.
 """
 
 from __future__ import annotations
 
-import struct
 from typing import Iterator
-
-import numpy as np
 
 VARINT, FIXED64, LENGTH, FIXED32 = 0, 1, 2, 5
 
@@ -62,47 +59,3 @@ def fields(data: bytes | memoryview) -> Iterator[tuple[int, int, int | memoryvie
         else:
             raise WireError(f"field {number}: unsupported wire type {wire}")
         yield number, wire, value
-
-
-def packed_varints(data: bytes | memoryview) -> np.ndarray:
-    """A packed run of varints as int64 (two's complement, as protobuf encodes negative int64)."""
-    b = np.frombuffer(data, np.uint8)
-    if b.size == 0:
-        return np.zeros(0, np.int64)
-    last = b < 0x80  # the final byte of each varint
-    if not last[-1]:
-        raise WireError("truncated packed varints")
-    ends = np.flatnonzero(last)
-    starts = np.concatenate(([0], ends[:-1] + 1))
-    if (ends - starts).max() > 9:
-        raise WireError("varint longer than 10 bytes")
-    group = np.cumsum(last) - last
-    shift = ((np.arange(b.size) - starts[group]) * 7).astype(np.uint64)
-    parts = (b & 0x7F).astype(np.uint64) << shift
-    return np.add.reduceat(parts, starts).view(np.int64)
-
-
-def encode_varint(value: int) -> bytes:
-    value &= (1 << 64) - 1  # negative int64 as two's complement, ten bytes
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def encode_key(number: int, wire: int) -> bytes:
-    return encode_varint((number << 3) | wire)
-
-
-def encode_bytes(number: int, payload: bytes) -> bytes:
-    return encode_key(number, LENGTH) + encode_varint(len(payload)) + payload
-
-
-def encode_packed_varints(number: int, values) -> bytes:
-    return encode_bytes(number, b"".join(encode_varint(int(v)) for v in values))
-
-
-def encode_packed_floats(number: int, values) -> bytes:
-    return encode_bytes(number, struct.pack(f"<{len(values)}f", *values))

@@ -6,9 +6,11 @@ by 15 bits plus the constant 0xa282ead8, so that a CRC of data containing CRCs s
 A short read is a truncated file and a CRC mismatch a corrupt one: both name the record index.
 
 The payload is a `tf.train.Example`: Features{ map<string, Feature> }, each Feature a BytesList,
-FloatList or Int64List. MLPerf's records (create_pretraining_data.py) hold input_ids, input_mask,
-segment_ids (max_seq_length each), masked_lm_positions, masked_lm_ids, masked_lm_weights
-(max_predictions each, 0-padded) and next_sentence_labels (one).
+FloatList or Int64List. protobuf parses and writes it, through message classes built at run time from a
+descriptor written here (TensorFlow's example.proto and feature.proto; no TensorFlow, no generated code).
+MLPerf's records (create_pretraining_data.py) hold input_ids, input_mask, segment_ids (max_seq_length
+each), masked_lm_positions, masked_lm_ids, masked_lm_weights (max_predictions each, 0-padded) and
+next_sentence_labels (one).
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ from typing import BinaryIO, Iterable, Iterator
 
 import google_crc32c
 import numpy as np
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from google.protobuf.message import DecodeError
 
 from trainer.data.layout import Sample
-from trainer.data.prepare import files, protowire as pw
+from trainer.data.prepare import files
 from trainer.data.prepare.errors import BadInput
 
 MASK_DELTA = 0xA282EAD8
@@ -85,53 +89,78 @@ def write_records(path: str | Path, payloads: Iterable[bytes]) -> Path:
     return Path(path)
 
 
-# ---- tf.train.Example
+# ---- tf.train.Example, through protobuf message classes built at run time
+
+def example_file_descriptor() -> descriptor_pb2.FileDescriptorProto:
+    """TensorFlow's tensorflow/core/example/{feature,example}.proto (proto3, package tensorflow) as a descriptor:
+    BytesList/FloatList/Int64List{repeated value = 1} (numbers packed, proto3's default),
+    Feature{oneof kind {bytes_list = 1; float_list = 2; int64_list = 3}}, Features{map<string, Feature>
+    feature = 1} and Example{features = 1}. Field numbers and types are the wire format; names are ours to pick."""
+    F = descriptor_pb2.FieldDescriptorProto
+    proto = descriptor_pb2.FileDescriptorProto(name="bertctl/tf_example.proto", package="tensorflow", syntax="proto3")
+    for name, value_type in (("BytesList", F.TYPE_BYTES), ("FloatList", F.TYPE_FLOAT), ("Int64List", F.TYPE_INT64)):
+        proto.message_type.add(name=name).field.add(name="value", number=1, type=value_type, label=F.LABEL_REPEATED)
+    feature = proto.message_type.add(name="Feature")
+    feature.oneof_decl.add(name="kind")
+    for number, (kind, list_type) in enumerate((("bytes_list", "BytesList"), ("float_list", "FloatList"),
+                                                ("int64_list", "Int64List")), start=1):
+        feature.field.add(name=kind, number=number, type=F.TYPE_MESSAGE, type_name=f".tensorflow.{list_type}",
+                          label=F.LABEL_OPTIONAL, oneof_index=0)
+    features = proto.message_type.add(name="Features")
+    entry = features.nested_type.add(name="FeatureEntry", options=descriptor_pb2.MessageOptions(map_entry=True))
+    entry.field.add(name="key", number=1, type=F.TYPE_STRING, label=F.LABEL_OPTIONAL)
+    entry.field.add(name="value", number=2, type=F.TYPE_MESSAGE, type_name=".tensorflow.Feature", label=F.LABEL_OPTIONAL)
+    features.field.add(name="feature", number=1, type=F.TYPE_MESSAGE, type_name=".tensorflow.Features.FeatureEntry",
+                       label=F.LABEL_REPEATED)
+    proto.message_type.add(name="Example").field.add(name="features", number=1, type=F.TYPE_MESSAGE,
+                                                     type_name=".tensorflow.Features", label=F.LABEL_OPTIONAL)
+    return proto
+
+
+# A pool of our own, so that TensorFlow's generated tensorflow.Example (in the default pool, when TensorFlow is
+# imported in the same process) never conflicts with this one; a module global, alive as long as the classes.
+_POOL = descriptor_pool.DescriptorPool()
+_POOL.Add(example_file_descriptor())
+Example = message_factory.GetMessageClass(_POOL.FindMessageTypeByName("tensorflow.Example"))
+
 
 def parse_example(payload: bytes) -> dict[str, np.ndarray | list[bytes]]:
-    """Feature name -> int64 array, float32 array, or list of byte strings."""
-    features: dict[str, np.ndarray | list[bytes]] = {}
-    for number, _, value in pw.fields(payload):
-        if number != 1:
-            continue  # Example.features
-        for entry_number, _, entry in pw.fields(value):
-            if entry_number != 1:
-                continue  # Features.feature (map entry)
-            name, feature = "", b""
-            for k, _, v in pw.fields(entry):
-                if k == 1:
-                    name = bytes(v).decode("utf-8")
-                elif k == 2:
-                    feature = v
-            features[name] = _parse_feature(feature)
-    return features
+    """Feature name -> int64 array, float32 array, or list of byte strings; DecodeError (or, with protobuf's
+    pure-Python backend, UnicodeDecodeError for a name that is not UTF-8) if the payload is no tf.train.Example.
+    Odd encodings follow protobuf's rules, as TensorFlow does: a list given twice in a Feature is concatenated,
+    and of two kinds in one Feature the last wins."""
+    return {name: feature_values(feature) for name, feature in Example.FromString(payload).features.feature.items()}
 
 
-def _parse_feature(data: bytes | memoryview) -> np.ndarray | list[bytes]:
-    for kind, _, value in pw.fields(data):
-        if kind == 1:  # BytesList
-            return [bytes(v) for n, _, v in pw.fields(value) if n == 1]
-        if kind == 2:  # FloatList: packed, or one fixed32 per value
-            chunks = [np.frombuffer(v, "<f4") if w == pw.LENGTH else np.array([v], "<u4").view("<f4")
-                      for n, w, v in pw.fields(value) if n == 1]
-            return np.concatenate(chunks).astype(np.float32) if chunks else np.zeros(0, np.float32)
-        if kind == 3:  # Int64List: packed, or one varint per value
-            chunks = [pw.packed_varints(v) if w == pw.LENGTH else np.array([v], np.uint64).view(np.int64)
-                      for n, w, v in pw.fields(value) if n == 1]
-            return np.concatenate(chunks) if chunks else np.zeros(0, np.int64)
+def feature_values(feature) -> np.ndarray | list[bytes]:
+    kind = feature.WhichOneof("kind")
+    # np.array(container, dtype) is the fastest conversion measured (~15 ns a value; np.fromiter and
+    # list() go through one Python int per value and take 5 to 10 times as long)
+    if kind == "int64_list":
+        return np.array(feature.int64_list.value, np.int64)
+    if kind == "float_list":
+        return np.array(feature.float_list.value, np.float32)
+    if kind == "bytes_list":
+        return list(feature.bytes_list.value)
     return np.zeros(0, np.int64)  # an empty Feature
 
 
 def build_example(features: dict[str, np.ndarray | list[int] | list[float]]) -> bytes:
     """A tf.train.Example with int64 features (integer arrays) and float features (float arrays)."""
-    entries = b""
-    for name in sorted(features):
-        values = np.asarray(features[name])
-        if values.dtype.kind == "f":
-            feature = pw.encode_bytes(2, pw.encode_packed_floats(1, values.tolist()))
-        else:
-            feature = pw.encode_bytes(3, pw.encode_packed_varints(1, values.tolist()))
-        entries += pw.encode_bytes(1, pw.encode_bytes(1, name.encode()) + pw.encode_bytes(2, feature))
-    return pw.encode_bytes(1, entries)
+    example = Example()
+    for name, values in features.items():
+        values = np.asarray(values)
+        feature = example.features.feature[name]
+        floats = values.dtype.kind == "f"
+        numbers = feature.float_list if floats else feature.int64_list
+        numbers.SetInParent()  # an empty list is still a list of that kind
+        numbers.value.extend(values.tolist() if floats else values.astype(np.int64).tolist())  # (bools too)
+    return example.SerializeToString(deterministic=True)  # deterministic: map entries in name order
+
+
+def not_an_example(e: Exception) -> str:
+    """The reason in protobuf's message, without its 'Error parsing message with type ...: ' prefix."""
+    return str(e).split("': ", 1)[-1] if str(e).startswith("Error parsing message") else str(e)
 
 
 # ---- the MLPerf feature layout
@@ -145,6 +174,9 @@ def sample_from_features(features: dict, path: str | Path, index: int, max_seq_l
     missing = [name for name in MLPERF_INT_FEATURES if name not in features]
     if missing:
         raise bad(f"not in the MLPerf feature layout (missing {', '.join(missing)})")
+    not_int = [name for name in MLPERF_INT_FEATURES if np.asarray(features[name]).dtype.kind not in "iu"]
+    if not_int:
+        raise bad(f"not in the MLPerf feature layout ({', '.join(not_int)} not an Int64List)")
     ids, mask, seg = (np.asarray(features[k]) for k in ("input_ids", "input_mask", "segment_ids"))
     pos, mids = np.asarray(features["masked_lm_positions"]), np.asarray(features["masked_lm_ids"])
     if not (len(ids) == len(mask) == len(seg)) or len(pos) != len(mids):
@@ -187,11 +219,15 @@ def features_from_sample(sample: Sample, max_seq_length: int, max_predictions: i
 def read_samples(path: str | Path, max_seq_length: int, max_predictions: int) -> Iterator[Sample]:
     """The samples of a TFRecord file in the MLPerf layout."""
     for index, payload in enumerate(read_records(path)):
-        try:
-            features = parse_example(payload)
-        except (pw.WireError, UnicodeDecodeError) as e:
-            raise BadInput(path, f"record {index}: not a tf.train.Example ({e})") from None
-        yield sample_from_features(features, path, index, max_seq_length, max_predictions)
+        yield sample_from_payload(payload, path, index, max_seq_length, max_predictions)
+
+
+def sample_from_payload(payload: bytes, path: str | Path, index: int, max_seq_length: int, max_predictions: int) -> Sample:
+    try:
+        features = parse_example(payload)
+    except (DecodeError, UnicodeDecodeError) as e:  # UnicodeDecodeError: protobuf's pure-Python backend
+        raise BadInput(path, f"record {index}: not a tf.train.Example ({not_an_example(e)})") from None
+    return sample_from_features(features, path, index, max_seq_length, max_predictions)
 
 
 def write_samples(path: str | Path, samples: Iterable[Sample], max_seq_length: int, max_predictions: int) -> Path:
