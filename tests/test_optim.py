@@ -1,18 +1,25 @@
 """Optimizers and LR schedules against the formulas and tables of the MLPerf references."""
 
 import io
+import json
+import math
 import sys
 import types
 import typing
 
 import pytest
 import torch
+import yaml
 from madgrad import MADGRAD
 from torch.utils._python_dispatch import TorchDispatchMode
 
+import test_train as launched  # the trainer as the launcher runs it, and the official checker
 from orchestrator.clusters import load_cluster
+from synthetic import tiny_run_config
+from trainer.checkpoint import write_model
 from trainer.config import ModelConfig, OptimConfig
 from trainer.gradients import clip_, global_norm
+from trainer.mlperf import log_cache_clear
 from trainer.model import BertForPreTraining
 from trainer.optim import (ACClip, Lamb, build_optimizer, learning_rate, parameter_groups, set_learning_rate,
                            take_step)
@@ -49,9 +56,6 @@ def test_lamb_matches_the_reference_formula():
 
 
 def test_no_weight_decay_for_biases_and_layernorm():
-    from trainer.config import ModelConfig
-    from trainer.model import BertForPreTraining
-
     model = BertForPreTraining(ModelConfig(num_layers=1, hidden_size=16, num_heads=2, intermediate_size=32, vocab_size=64))
     decay, no_decay = parameter_groups(model, 0.01)
     names = {id(p): n for n, p in model.named_parameters()}
@@ -344,3 +348,29 @@ def test_lamb_and_acclip_steps_never_read_a_value_back_to_the_host(name):
     with HostReads() as control:
         float(model.cls.predictions.bias.detach().sum())  # what a stray .item() would do
     assert (reads.count, control.count) == (0, 1)
+
+
+@pytest.mark.parametrize("name,clip,lr", [("madgrad", "bucket", 3e-2), ("acclip", "after_allreduce", 1.0)])
+def test_an_open_division_run_with_a_trial_optimizer_trains_and_passes_the_checker(name, clip, lr, tmp_path):
+    config = tiny_run_config(tmp_path, optim={"name": name, "lr": lr, "max_steps": 40, "clip": clip},
+                             train={"target_accuracy": 0.99}, mlperf={"division": "open"}, runtime={"num_threads": 1})
+    raw = yaml.safe_load(config.read_text())
+    torch.manual_seed(0)
+    start = BertForPreTraining(ModelConfig(**raw["model"]))
+    raw["train"]["init_checkpoint"] = str(write_model(tmp_path / "start.pt", start))
+    raw["checkpoint"] = {"final_model": str(tmp_path / "final.pt")}
+    config.write_text(yaml.safe_dump(raw))
+    out = tmp_path / "out"
+    log_cache_clear(out / "results" / "result_0.txt")  # the launcher's part
+    proc = launched.trainer("--config", str(config), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "(40 updates, 0 skipped)" in proc.stdout
+    assert all(math.isfinite(x) for x in launched.losses(out))
+    final = torch.load(tmp_path / "final.pt", weights_only=True)["model"]
+    for key, before in start.state_dict().items():  # every weight was updated, none blew up
+        assert torch.isfinite(final[key]).all() and not torch.equal(final[key], before), key
+    log = out / "results" / "result_0.txt"
+    result = launched.checker(log, tmp=tmp_path)
+    assert result.returncode == 0 and result.stderr.strip().endswith("INFO - SUCCESS"), result.stderr[-1500:]
+    events = [json.loads(line.split(":::MLLOG ", 1)[1]) for line in log.read_text().splitlines()]
+    assert [e["value"] for e in events if e["key"] in ("opt_name", "submission_division")] == ["open", name]

@@ -176,8 +176,18 @@ def _adamw(groups: list[dict], cfg: OptimConfig, device_type: str) -> torch.opti
 
 
 def _madgrad(groups: list[dict], cfg: OptimConfig, device_type: str) -> torch.optim.Optimizer:
-    """The authors' MADGRAD: momentum = optim.betas[0] (beta2 unused), eps = optim.epsilon; its weight
-    decay is the package's default, an L2 term added to the gradient (in place, on `p.grad`)."""
+    """The authors' MADGRAD (package `madgrad` 1.3): momentum = optim.betas[0] (beta2 is unused),
+    eps = optim.epsilon, weight decay as the package does it by default (an L2 term added to the
+    gradient, in place on `p.grad`, which the step's zero_grad discards).
+
+    What to know with torch 2.13 (checked): the dense path, checkpoints through `state_dict()` and
+    the fp16 GradScaler skip all work (tests/test_optim.py). It loops over tensors in Python (no
+    multi-tensor kernels), and reads its step counter with `.item()` from a CPU tensor (no GPU sync).
+    That counter lives under the key "k" of `optimizer.state`, which is not a parameter, so
+    torch.distributed.checkpoint's `get_optimizer_state_dict` fails on it with KeyError: 'k'
+    (bertctl saves `optimizer.state_dict()`, which keeps it). Its `_params_t` type import no longer
+    exists in torch (ParamsT now); it is only imported for type checkers, so nothing fails at run time.
+    """
     from madgrad import MADGRAD
 
     return MADGRAD(groups, lr=cfg.lr, momentum=cfg.betas[0], weight_decay=cfg.weight_decay, eps=cfg.epsilon)
