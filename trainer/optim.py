@@ -110,10 +110,14 @@ class ACClip(torch.optim.Optimizer):
     a in (1, 2] is unknown); a = 2 tracks a root mean square instead.
 
     Hyperparameters: lr; betas = (beta1, beta2) (bertctl passes `optim.betas`); eps (`optim.epsilon`);
-    weight_decay; alpha (1 <= a <= 2; runs use the paper's 1: no config key, so rendered run files
-    stay as they are). The paper has no weight decay: here it
-    is decoupled, as in AdamW and bertctl's LAMB (x <- x - lr wd x, with the x before the update),
-    so the no-decay group of `parameter_groups` works as for the other optimizers.
+    weight_decay; alpha (1 <= a <= 2; runs use the paper's 1: there is no config key for it, so
+    rendered run files stay as they are). The paper has no weight decay: here it is decoupled, as
+    in AdamW and bertctl's LAMB (x <- x - lr wd x, with the x before the update), so the no-decay
+    group of `parameter_groups` works as for the other optimizers. The moving averages are computed
+    as lerps (m + (1 - beta1)(g - m)), equal to the equations up to rounding.
+
+    The update is not normalised (its size is the gradient's, as in SGD with momentum), so its
+    learning rate is on SGD's scale, not Adam's.
     """
 
     def __init__(self, params, lr: float, betas=(0.9, 0.999), eps: float = 1e-6, weight_decay: float = 0.0,
