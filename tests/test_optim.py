@@ -1,12 +1,28 @@
 """Optimizers and LR schedules against the formulas and tables of the MLPerf references."""
 
+import io
+import json
+import math
+import sys
+import types
+import typing
+
 import pytest
 import torch
+import yaml
+from madgrad import MADGRAD
+from torch.utils._python_dispatch import TorchDispatchMode
 
+import test_train as launched  # the trainer as the launcher runs it, and the official checker
 from orchestrator.clusters import load_cluster
-from trainer.config import OptimConfig
+from synthetic import tiny_run_config
+from trainer.checkpoint import write_model
+from trainer.config import ModelConfig, OptimConfig
 from trainer.gradients import clip_, global_norm
-from trainer.optim import Lamb, learning_rate, parameter_groups
+from trainer.mlperf import log_cache_clear
+from trainer.model import BertForPreTraining
+from trainer.optim import (ACClip, Lamb, build_optimizer, learning_rate, parameter_groups, set_learning_rate,
+                           take_step)
 
 
 def reference_lamb(params, grads_per_step, lr, wds, betas=(0.9, 0.999), eps=1e-6):
@@ -40,9 +56,6 @@ def test_lamb_matches_the_reference_formula():
 
 
 def test_no_weight_decay_for_biases_and_layernorm():
-    from trainer.config import ModelConfig
-    from trainer.model import BertForPreTraining
-
     model = BertForPreTraining(ModelConfig(num_layers=1, hidden_size=16, num_heads=2, intermediate_size=32, vocab_size=64))
     decay, no_decay = parameter_groups(model, 0.01)
     names = {id(p): n for n, p in model.named_parameters()}
@@ -108,3 +121,256 @@ def test_overflowing_fp16_steps_are_skipped_and_the_scale_drops():
     p.grad = torch.full((3,), 512.0)  # a scaled gradient of 1.0
     assert take_step(opt, scaler) is False
     torch.testing.assert_close(p.detach(), torch.full((3,), 0.9))
+
+
+# ---- ACClip against steps computed by hand ----------------------------------------------------
+
+def test_acclip_three_steps_match_hand_computed_values():
+    # alpha = 1, beta1 = 0.5, beta2 = 0.75, eps = 0, no decay; the LR changes each step as a schedule's would.
+    # m_k = 0.5 m_{k-1} + 0.5 g_k;  tau_k = 0.75 tau_{k-1} + 0.25 |g_k|;  u_k = min(tau_k / |m_k|, 1) m_k
+    p = torch.nn.Parameter(torch.tensor([1.0, 1.0, 1.0]))
+    opt = ACClip([p], lr=0.1, betas=(0.5, 0.75), eps=0.0)
+    steps = [  # (lr, g, m, tau, u, p after)
+        # m = [2, -1, 0.5], tau = [1, 0.5, 0.25]: tau/|m| = 0.5 everywhere, so u = m / 2
+        (0.1, [4.0, -2.0, 1.0], [2.0, -1.0, 0.5], [1.0, 0.5, 0.25], [1.0, -0.5, 0.25], [0.9, 1.05, 0.975]),
+        # m = [1 + 2, -0.5 + 1, 0.25 - 4] = [3, 0.5, -3.75]; tau = [0.75 + 1, 0.375 + 0.5, 0.1875 + 2]
+        # tau/|m| = [7/12, 1.75, 7/12]: coordinates 0 and 2 clipped to tau (with m's sign), 1 passes as m
+        (0.2, [4.0, 2.0, -8.0], [3.0, 0.5, -3.75], [1.75, 0.875, 2.1875], [1.75, 0.5, -2.1875],
+         [0.9 - 0.35, 1.05 - 0.1, 0.975 + 0.4375]),
+        # a zero gradient: m and tau decay (m halves, tau x 0.75); tau/|m| = [0.875, 2.625, 0.875]
+        (0.4, [0.0, 0.0, 0.0], [1.5, 0.25, -1.875], [1.3125, 0.65625, 1.640625], [1.3125, 0.25, -1.640625],
+         [0.55 - 0.525, 0.95 - 0.1, 1.4125 + 0.65625]),
+    ]
+    for lr, g, m, tau, u, after in steps:
+        set_learning_rate(opt, lr)
+        before = p.detach().clone()
+        p.grad = torch.tensor(g)
+        opt.step()
+        state = opt.state[p]
+        torch.testing.assert_close(state["momentum"], torch.tensor(m))
+        torch.testing.assert_close(state["tau_pow"], torch.tensor(tau))
+        torch.testing.assert_close((before - p.detach()) / lr, torch.tensor(u))
+        torch.testing.assert_close(p.detach(), torch.tensor(after))
+    torch.testing.assert_close(p.detach(), torch.tensor([0.025, 0.85, 2.06875]))
+
+
+def test_acclip_with_alpha_2_epsilon_and_decoupled_weight_decay():
+    # alpha = 2, beta1 = 0.5, beta2 = 0.75, eps = 1, lr = 0.1; w decays at 0.5, b (no-decay group) does not.
+    # step 1, g_w = [4, 2]: m = [2, 1]; tau^2 = 0.25 [16, 4] = [4, 1], tau = [2, 1];
+    #   u = min(tau / (|m| + 1), 1) m = [2/3 * 2, 1/2 * 1] = [4/3, 0.5]
+    #   w = w (1 - 0.1 * 0.5) - 0.1 u = [2 * 0.95 - 0.4/3, -1 * 0.95 - 0.05] = [1.9 - 0.1333.., -1.0]
+    # step 2, g_w = [0, -6]: m = [1, 0.5 - 3] = [1, -2.5]; tau^2 = 0.75 [4, 1] + 0.25 [0, 36] = [3, 9.75]
+    #   u = [sqrt(3) / 2 * 1, sqrt(9.75) / 3.5 * -2.5]   (both clipped: sqrt(3) < 2, sqrt(9.75) < 3.5)
+    #   w = 0.95 w - 0.1 u
+    # b, g_b = [1] then [1]: m = 0.5, tau^2 = 0.25, tau = 0.5, u = 0.5 / 1.5 * 0.5 = 1/6;
+    #   then m = 0.75, tau^2 = 0.4375, u = sqrt(0.4375) / 1.75 * 0.75; b = 3 - 0.1 (u1 + u2)
+    w = torch.nn.Parameter(torch.tensor([2.0, -1.0]))
+    b = torch.nn.Parameter(torch.tensor([3.0]))
+    opt = ACClip([{"params": [w], "weight_decay": 0.5}, {"params": [b], "weight_decay": 0.0}],
+                 lr=0.1, betas=(0.5, 0.75), eps=1.0, alpha=2.0)
+    for g_w in ([4.0, 2.0], [0.0, -6.0]):
+        w.grad, b.grad = torch.tensor(g_w), torch.tensor([1.0])
+        opt.step()
+    w1 = [1.9 - 0.4 / 3, -1.0]
+    u2 = [3**0.5 / 2, 9.75**0.5 / 3.5 * -2.5]
+    torch.testing.assert_close(w.detach(), torch.tensor([0.95 * w1[0] - 0.1 * u2[0], 0.95 * w1[1] - 0.1 * u2[1]]))
+    torch.testing.assert_close(opt.state[w]["tau_pow"], torch.tensor([3.0, 9.75]))
+    torch.testing.assert_close(b.detach(), torch.tensor([3 - 0.1 * (1 / 6 + 0.4375**0.5 / 1.75 * 0.75)]))
+
+
+def test_acclip_refuses_an_alpha_outside_1_to_2():
+    with pytest.raises(ValueError, match="alpha must be in"):
+        ACClip([torch.nn.Parameter(torch.ones(1))], lr=0.1, alpha=3.0)
+
+
+# ---- one table of optimizers: every name builds its own, an unknown name is an error ----------
+
+EXPECTED = {"lamb": Lamb, "adam": torch.optim.AdamW, "madgrad": MADGRAD, "acclip": ACClip}
+CONFIG_NAMES = typing.get_args(OptimConfig.model_fields["name"].annotation)
+
+
+def tiny_model(seed: int = 0) -> BertForPreTraining:
+    torch.manual_seed(seed)
+    return BertForPreTraining(ModelConfig(num_layers=1, hidden_size=16, num_heads=2, intermediate_size=32,
+                                          vocab_size=32, max_position_embeddings=16))
+
+
+def optim_config(name: str, **changes) -> OptimConfig:
+    return OptimConfig(name=name, lr=changes.pop("lr", 1e-2), max_steps=20, warmup_steps=3, **changes)
+
+
+def test_the_configurable_names_are_exactly_the_built_ones():
+    assert set(CONFIG_NAMES) == set(EXPECTED)
+
+
+@pytest.mark.parametrize("name", CONFIG_NAMES)
+def test_each_name_builds_its_own_optimizer_with_the_configured_hyperparameters(name):
+    cfg = optim_config(name, betas=(0.8, 0.95), epsilon=1e-8, weight_decay=0.02)
+    opt = build_optimizer(tiny_model(), cfg, use_apex=False, device_type="cpu")
+    assert type(opt) is EXPECTED[name]
+    decay, no_decay = opt.param_groups
+    assert (decay["weight_decay"], no_decay["weight_decay"]) == (0.02, 0.0)
+    assert decay["eps"] == 1e-8
+    if name == "madgrad":
+        assert decay["momentum"] == 0.8  # betas[0]; MADGRAD has no second beta
+    else:
+        assert decay["betas"] == (0.8, 0.95)
+    if name == "adam":  # no GPU here: the multi-tensor kernel (fused is for CUDA)
+        assert decay["foreach"] is True and not decay["fused"]
+
+
+def test_an_unknown_name_is_an_error_not_adam():
+    cfg = OptimConfig.model_construct(**{**optim_config("adam").model_dump(), "name": "sgd"})
+    with pytest.raises(ValueError, match="optim.name: no optimizer named 'sgd'; expected one of lamb, adam, madgrad, acclip"):
+        build_optimizer(tiny_model(), cfg, use_apex=False, device_type="cpu")
+    with pytest.raises(ValueError, match="Input should be 'lamb', 'adam', 'madgrad' or 'acclip'"):  # nor can a run file
+        optim_config("sgd")
+
+
+@pytest.mark.parametrize("name", CONFIG_NAMES)
+def test_apex_kernels_are_used_only_for_the_names_apex_has(name, monkeypatch):
+    # apex does not build here: a stand-in module shows which class each name asks it for
+    apex, apex_optimizers = types.ModuleType("apex"), types.ModuleType("apex.optimizers")
+
+    class FusedLAMB(torch.optim.SGD):
+        def __init__(self, groups, lr, **kw):
+            super().__init__(groups, lr=lr)
+
+    class FusedAdam(FusedLAMB):
+        pass
+
+    apex_optimizers.FusedLAMB, apex_optimizers.FusedAdam, apex.optimizers = FusedLAMB, FusedAdam, apex_optimizers
+    monkeypatch.setitem(sys.modules, "apex", apex)
+    monkeypatch.setitem(sys.modules, "apex.optimizers", apex_optimizers)
+    opt = build_optimizer(tiny_model(), optim_config(name), use_apex=True, device_type="cuda")
+    assert type(opt) is {"lamb": FusedLAMB, "adam": FusedAdam}.get(name, EXPECTED[name])
+
+
+# ---- every optimizer with the trainer's schedule, clipping, checkpoints and fp16 skips ----------
+
+def gradients(model, update: int) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(update)
+    return [torch.randn(p.shape, generator=g) for p in model.parameters()]
+
+
+def train_updates(model, opt, cfg: OptimConfig, first: int, last: int) -> None:
+    """Updates first..last as train_step makes them: the schedule's LR, clipped gradients, a step."""
+    for update in range(first, last + 1):
+        set_learning_rate(opt, learning_rate(update, cfg))
+        grads = gradients(model, update)
+        clip_(grads, cfg.max_grad_norm, global_norm(grads))  # the norms are ~30: clipping acts
+        for p, g in zip(model.parameters(), grads):
+            p.grad = g
+        take_step(opt, None)
+        opt.zero_grad(set_to_none=True)
+
+
+@pytest.mark.parametrize("name", CONFIG_NAMES)
+def test_a_checkpoint_round_trip_gives_identical_next_steps(name):
+    cfg = optim_config(name)
+    model = tiny_model()
+    opt = build_optimizer(model, cfg, use_apex=False, device_type="cpu")
+    train_updates(model, opt, cfg, 1, 4)
+    saved = io.BytesIO()
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, saved)
+    train_updates(model, opt, cfg, 5, 8)
+
+    saved.seek(0)
+    checkpoint = torch.load(saved, map_location="cpu", weights_only=False)  # as trainer/checkpoint.py loads it
+    resumed = tiny_model(seed=1)
+    resumed.load_state_dict(checkpoint["model"])
+    resumed_opt = build_optimizer(resumed, cfg, use_apex=False, device_type="cpu")
+    resumed_opt.load_state_dict(checkpoint["optimizer"])
+    train_updates(resumed, resumed_opt, cfg, 5, 8)
+    moved = [not torch.equal(a, b) for a, b in zip(model.parameters(), tiny_model().parameters())]
+    assert sum(moved) >= len(moved) - 1  # it trained (a tensor with no gradient path may stay)
+    for a, b in zip(model.parameters(), resumed.parameters()):
+        assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("name", CONFIG_NAMES)
+def test_an_overflowing_fp16_step_is_skipped_without_touching_the_optimizer(name):
+    cfg = optim_config(name)
+    model, reference = tiny_model(), tiny_model()
+    opt = build_optimizer(model, cfg, use_apex=False, device_type="cpu")
+    ref_opt = build_optimizer(reference, cfg, use_apex=False, device_type="cpu")
+    train_updates(model, opt, cfg, 1, 2)
+    train_updates(reference, ref_opt, cfg, 1, 2)
+
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    scaler.scale(torch.ones(()))  # a training step scales its loss first
+    before = io.BytesIO()
+    torch.save(opt.state_dict(), before)
+    for p in model.parameters():
+        p.grad = torch.full_like(p, float("inf"))
+    assert take_step(opt, scaler) is True and scaler.get_scale() == 512.0
+    after = io.BytesIO()
+    torch.save(opt.state_dict(), after)
+    assert before.getvalue() == after.getvalue()  # no moment, counter or step advanced
+    for a, b in zip(model.parameters(), reference.parameters()):
+        assert torch.equal(a, b)
+
+    # the update is then made as if the overflow never happened (the scaled gradient unscales exactly)
+    set_learning_rate(opt, learning_rate(3, cfg))
+    grads = gradients(model, 3)
+    clip_(grads, cfg.max_grad_norm, global_norm(grads))
+    for p, g in zip(model.parameters(), grads):
+        p.grad = g * 512.0
+    assert take_step(opt, scaler) is False
+    train_updates(reference, ref_opt, cfg, 3, 3)
+    for a, b in zip(model.parameters(), reference.parameters()):
+        assert torch.equal(a, b)
+
+
+class HostReads(TorchDispatchMode):
+    """Counts the reads of a tensor's value by the host (.item(), bool(), float(), .tolist())."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("name", ["lamb", "acclip"])
+def test_lamb_and_acclip_steps_never_read_a_value_back_to_the_host(name):
+    # on a GPU such a read waits for the queue (a sync per step); the counter sees them on the CPU too
+    model = tiny_model()
+    opt = build_optimizer(model, optim_config(name), use_apex=False, device_type="cpu")
+    for p, g in zip(model.parameters(), gradients(model, 1)):
+        p.grad = g
+    with HostReads() as reads:
+        opt.step()
+        opt.step()
+    with HostReads() as control:
+        float(model.cls.predictions.bias.detach().sum())  # what a stray .item() would do
+    assert (reads.count, control.count) == (0, 1)
+
+
+@pytest.mark.parametrize("name,clip,lr", [("madgrad", "bucket", 3e-2), ("acclip", "after_allreduce", 1.0)])
+def test_an_open_division_run_with_a_trial_optimizer_trains_and_passes_the_checker(name, clip, lr, tmp_path):
+    config = tiny_run_config(tmp_path, optim={"name": name, "lr": lr, "max_steps": 40, "clip": clip},
+                             train={"target_accuracy": 0.99}, mlperf={"division": "open"}, runtime={"num_threads": 1})
+    raw = yaml.safe_load(config.read_text())
+    torch.manual_seed(0)
+    start = BertForPreTraining(ModelConfig(**raw["model"]))
+    raw["train"]["init_checkpoint"] = str(write_model(tmp_path / "start.pt", start))
+    raw["checkpoint"] = {"final_model": str(tmp_path / "final.pt")}
+    config.write_text(yaml.safe_dump(raw))
+    out = tmp_path / "out"
+    log_cache_clear(out / "results" / "result_0.txt")  # the launcher's part
+    proc = launched.trainer("--config", str(config), "--out", str(out))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "(40 updates, 0 skipped)" in proc.stdout
+    assert all(math.isfinite(x) for x in launched.losses(out))
+    final = torch.load(tmp_path / "final.pt", weights_only=True)["model"]
+    for key, before in start.state_dict().items():  # every weight was updated, none blew up
+        assert torch.isfinite(final[key]).all() and not torch.equal(final[key], before), key
+    log = out / "results" / "result_0.txt"
+    result = launched.checker(log, tmp=tmp_path)
+    assert result.returncode == 0 and result.stderr.strip().endswith("INFO - SUCCESS"), result.stderr[-1500:]
+    events = [json.loads(line.split(":::MLLOG ", 1)[1]) for line in log.read_text().splitlines()]
+    assert [e["value"] for e in events if e["key"] in ("opt_name", "submission_division")] == ["open", name]

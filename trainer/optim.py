@@ -2,11 +2,17 @@
 
 - Parameter groups: no weight decay for biases and LayerNorm parameters (names containing `bias`,
   `gamma`, `beta` or `LayerNorm`), `weight_decay` for the rest.
+- `optim.name` picks a builder from one table (`BUILDERS`); apex variants exist only for the names in
+  `APEX_BUILDERS`, and a name in neither is an error, never a silent fallback to another optimizer.
 - LAMB (NVIDIA, closed division): Adam moments with bias correction and decoupled weight decay,
   then a per-tensor trust ratio ||p|| / ||update|| applied only to tensors that are decayed.
-  Multi-tensor (`torch._foreach_*`); apex's FusedLAMB when asked for and importable.
-- Adam (Samsung, open division): AdamW semantics (decoupled decay); torch's fused/foreach kernels,
-  apex's FusedAdam when asked for and importable.
+  Multi-tensor (`torch._foreach_*`) with no host sync; apex's FusedLAMB when asked for and importable.
+- Adam (Samsung, open division): AdamW semantics (decoupled decay); torch's fused kernel on CUDA,
+  foreach elsewhere; apex's FusedAdam when asked for and importable.
+- MADGRAD and ACClip: the trial optimizers of Samsung's v1.1 `optim/` folder (open division only).
+  MADGRAD comes from its authors' `madgrad` package; ACClip is written here from its paper (`ACClip`).
+- Clipping is never done inside an optimizer (trainer/gradients.py clips before the step), and every
+  optimizer reads `group["lr"]` at each step, which `set_learning_rate` writes before each update.
 - Schedules: `nvidia_lr` (warmup then linear decay measured from step 0, as the reference) and
   `samsung_lr` (decay measured from the end of warmup over lr_max_steps, clamped to end_lr).
   Both are functions of the 1-based index of the update, which does not advance on skipped steps.
@@ -15,6 +21,7 @@
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 import torch
 from torch import nn
@@ -63,16 +70,20 @@ class Lamb(torch.optim.Optimizer):
             wd = group["weight_decay"]
             if wd != 0:
                 torch._foreach_add_(update, params, alpha=wd)
-                ratios = self._trust_ratios(params, update)
-                torch._foreach_mul_(update, ratios)
+                torch._foreach_mul_(update, self._trust_ratios(params, update))
             torch._foreach_add_(params, update, alpha=-group["lr"])
 
     @staticmethod
     def _trust_ratios(params, update) -> list[torch.Tensor]:
-        """||p|| / ||u|| per tensor, 1 where either norm is zero."""
-        p_norms = torch._foreach_norm(params)
-        u_norms = torch._foreach_norm(update)
-        return [torch.where((pn > 0) & (un > 0), pn / un, torch.ones_like(pn)) for pn, un in zip(p_norms, u_norms)]
+        """||p|| / ||u|| per tensor, 1 where either norm is zero.
+
+        The norms are stacked so the ratios take a handful of kernels for the whole group rather
+        than several per tensor; nothing is read back to the host.
+        """
+        p_norms = torch.stack(torch._foreach_norm(params))
+        u_norms = torch.stack(torch._foreach_norm(update))
+        ratios = torch.where((p_norms > 0) & (u_norms > 0), p_norms / u_norms, torch.ones_like(p_norms))
+        return list(ratios.unbind())
 
     def _state(self, p):
         state = self.state[p]
@@ -83,29 +94,150 @@ class Lamb(torch.optim.Optimizer):
         return state
 
 
-def build_optimizer(model: nn.Module, cfg: OptimConfig, use_apex: bool, device_type: str) -> torch.optim.Optimizer:
-    groups = parameter_groups(model, cfg.weight_decay)
-    if use_apex:
-        fused = _apex_optimizer(cfg, groups)
-        if fused is not None:
-            return fused
-    if cfg.name == "lamb":
-        return Lamb(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.epsilon, weight_decay=cfg.weight_decay)
-    fused = device_type == "cuda"
+class ACClip(torch.optim.Optimizer):
+    """ACClip: momentum with adaptive coordinate-wise clipping (Zhang et al., "Why are Adaptive
+    Methods Good for Attention Models?", NeurIPS 2020, Algorithm 1), multi-tensor.
+
+    Per coordinate, with g the gradient at step k:
+
+        m_k     = beta1 m_{k-1} + (1 - beta1) g_k                 (momentum)
+        tau_k^a = beta2 tau_{k-1}^a + (1 - beta2) |g_k|^a         (running a-moment of the gradient)
+        u_k     = min(tau_k / (|m_k| + eps), 1) m_k               (m clipped to [-tau_k, tau_k])
+        x_k     = x_{k-1} - lr u_k
+
+    m_0 = tau_0^a = 0 and there is no bias correction, as in the paper's algorithm. The paper sets
+    a = 1 by default (a conservative estimate of the bound on the noise's a-moment when the true
+    a in (1, 2] is unknown); a = 2 tracks a root mean square instead.
+
+    Hyperparameters: lr; betas = (beta1, beta2) (bertctl passes `optim.betas`); eps (`optim.epsilon`);
+    weight_decay; alpha (1 <= a <= 2; runs use the paper's 1: there is no config key for it, so
+    rendered run files stay as they are). The paper has no weight decay: here it is decoupled, as
+    in AdamW and bertctl's LAMB (x <- x - lr wd x, with the x before the update), so the no-decay
+    group of `parameter_groups` works as for the other optimizers. The moving averages are computed
+    as lerps (m + (1 - beta1)(g - m)), equal to the equations up to rounding.
+
+    The update is not normalised (its size is the gradient's, as in SGD with momentum), so its
+    learning rate is on SGD's scale, not Adam's.
+    """
+
+    def __init__(self, params, lr: float, betas=(0.9, 0.999), eps: float = 1e-6, weight_decay: float = 0.0,
+                 alpha: float = 1.0):
+        if not 1.0 <= alpha <= 2.0:
+            raise ValueError(f"ACClip alpha must be in [1, 2], got {alpha}")
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, alpha=alpha))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                continue
+            beta1, beta2 = group["betas"]
+            alpha = group["alpha"]
+            grads = [p.grad for p in params]
+            states = [self._state(p) for p in params]
+            momentum = [s["momentum"] for s in states]
+            tau_pow = [s["tau_pow"] for s in states]  # tau^alpha
+            torch._foreach_lerp_(momentum, grads, 1 - beta1)
+            moment = torch._foreach_abs(grads)
+            if alpha != 1.0:
+                torch._foreach_pow_(moment, alpha)
+            torch._foreach_lerp_(tau_pow, moment, 1 - beta2)
+            tau = torch._foreach_pow(tau_pow, 1.0 / alpha) if alpha != 1.0 else tau_pow
+            denom = torch._foreach_abs(momentum)
+            torch._foreach_add_(denom, group["eps"])
+            update = torch._foreach_div(tau, denom)
+            torch._foreach_clamp_max_(update, 1.0)
+            torch._foreach_mul_(update, momentum)
+            if group["weight_decay"] != 0:
+                torch._foreach_mul_(params, 1 - group["lr"] * group["weight_decay"])
+            torch._foreach_add_(params, update, alpha=-group["lr"])
+        return loss
+
+    def _state(self, p):
+        state = self.state[p]
+        if not state:
+            state["momentum"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            state["tau_pow"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        return state
+
+
+Builder = Callable[[list[dict], OptimConfig, str], torch.optim.Optimizer]
+
+
+def _lamb(groups: list[dict], cfg: OptimConfig, device_type: str) -> torch.optim.Optimizer:
+    return Lamb(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.epsilon, weight_decay=cfg.weight_decay)
+
+
+def _adamw(groups: list[dict], cfg: OptimConfig, device_type: str) -> torch.optim.Optimizer:
+    fused = device_type == "cuda"  # torch's fused kernel on CUDA; the multi-tensor one elsewhere
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.epsilon, weight_decay=cfg.weight_decay,
                              fused=fused or None, foreach=None if fused else True)
 
 
-def _apex_optimizer(cfg: OptimConfig, groups):
-    try:
-        from apex.optimizers import FusedAdam, FusedLAMB  # type: ignore
-    except ImportError:
-        return None
-    if cfg.name == "lamb":
-        # max_grad_norm=0: clipping happens before the allreduce (trainer/gradients.py), not in LAMB
-        return FusedLAMB(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.epsilon, weight_decay=cfg.weight_decay,
-                         max_grad_norm=0.0, use_nvlamb=False)
+def _madgrad(groups: list[dict], cfg: OptimConfig, device_type: str) -> torch.optim.Optimizer:
+    """The authors' MADGRAD (package `madgrad` 1.3): momentum = optim.betas[0] (beta2 is unused),
+    eps = optim.epsilon, weight decay as the package does it by default (an L2 term added to the
+    gradient, in place on `p.grad`, which the step's zero_grad discards).
+
+    What to know with torch 2.13 (checked): the dense path, checkpoints through `state_dict()` and
+    the fp16 GradScaler skip all work (tests/test_optim.py). It loops over tensors in Python (no
+    multi-tensor kernels), and reads its step counter with `.item()` from a CPU tensor (no GPU sync).
+    That counter lives under the key "k" of `optimizer.state`, which is not a parameter, so
+    torch.distributed.checkpoint's `get_optimizer_state_dict` fails on it with KeyError: 'k'
+    (bertctl saves `optimizer.state_dict()`, which keeps it). Its `_params_t` type import no longer
+    exists in torch (ParamsT now); it is only imported for type checkers, so nothing fails at run time.
+    """
+    from madgrad import MADGRAD
+
+    return MADGRAD(groups, lr=cfg.lr, momentum=cfg.betas[0], weight_decay=cfg.weight_decay, eps=cfg.epsilon)
+
+
+def _acclip(groups: list[dict], cfg: OptimConfig, device_type: str) -> torch.optim.Optimizer:
+    return ACClip(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.epsilon, weight_decay=cfg.weight_decay)
+
+
+def _apex_lamb(groups: list[dict], cfg: OptimConfig) -> torch.optim.Optimizer:
+    from apex.optimizers import FusedLAMB  # type: ignore
+
+    # max_grad_norm=0: clipping happens before the allreduce (trainer/gradients.py), not in LAMB
+    return FusedLAMB(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.epsilon, weight_decay=cfg.weight_decay,
+                     max_grad_norm=0.0, use_nvlamb=False)
+
+
+def _apex_adam(groups: list[dict], cfg: OptimConfig) -> torch.optim.Optimizer:
+    from apex.optimizers import FusedAdam  # type: ignore
+
     return FusedAdam(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.epsilon, weight_decay=cfg.weight_decay, adam_w_mode=True)
+
+
+# optim.name -> builder. A new optimizer is one entry here and one in OptimConfig.name.
+BUILDERS: dict[str, Builder] = {"lamb": _lamb, "adam": _adamw, "madgrad": _madgrad, "acclip": _acclip}
+# the names apex has a fused kernel for (runtime.kernels=apex); other names ignore that setting
+APEX_BUILDERS: dict[str, Callable[[list[dict], OptimConfig], torch.optim.Optimizer]] = {
+    "lamb": _apex_lamb, "adam": _apex_adam,
+}
+
+
+def build_optimizer(model: nn.Module, cfg: OptimConfig, use_apex: bool, device_type: str) -> torch.optim.Optimizer:
+    if cfg.name not in BUILDERS:
+        raise ValueError(f"optim.name: no optimizer named {cfg.name!r}; expected one of {', '.join(BUILDERS)}")
+    groups = parameter_groups(model, cfg.weight_decay)
+    if use_apex and cfg.name in APEX_BUILDERS and _apex_importable():
+        return APEX_BUILDERS[cfg.name](groups, cfg)
+    return BUILDERS[cfg.name](groups, cfg, device_type)
+
+
+def _apex_importable() -> bool:
+    try:
+        import apex.optimizers  # type: ignore  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def nvidia_lr(update: int, cfg: OptimConfig) -> float:

@@ -69,7 +69,8 @@ class DataConfig(Section):
 class OptimConfig(Section):
     """Optimizer, LR schedule and gradient clipping."""
 
-    name: Literal["lamb", "adam"] = "lamb"
+    # madgrad, acclip: Samsung's v1.1 trial optimizers (see trainer/optim.py for how the keys below map)
+    name: Literal["lamb", "adam", "madgrad", "acclip"] = "lamb"
     lr: float = Field(gt=0.0)
     betas: tuple[float, float] = (0.9, 0.999)
     epsilon: float = Field(1e-6, gt=0.0)
