@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from orchestrator import __version__
@@ -48,26 +49,36 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if args.test_only:
         print(submission.test_only(cluster, args.nexp, program), file=sys.stderr)
         return 0
-    exp = submission.submit(cluster, args.nexp, program)
-    print(f"submitted {exp.id}: {exp.nexp} run(s) on {exp.cluster}, job(s) {', '.join(exp.job_ids)}", file=sys.stderr)
-    print(f"  follow it: bertctl status {exp.id}   bertctl logs {exp.id} -f", file=sys.stderr)
-    print(exp.id)
-    if args.follow:
-        from orchestrator.follow import follow
+    return submit_and_report(cluster, args.nexp, program, args.follow)
 
-        return follow(exp, stderr_console())
+
+def submit_and_report(cluster, nexp: int, program: str, follow: bool, note: str = "") -> int:
+    """Submit; the experiment id on stdout as soon as the job exists, the rest on stderr."""
+    from orchestrator import submit as submission
+
+    exp = submission.submit(cluster, nexp, program)
+    print(f"submitted {exp.id}{note}: {exp.nexp} run(s) on {exp.cluster}, job(s) {', '.join(exp.job_ids)}", file=sys.stderr)
+    print(f"  follow it: bertctl status {exp.id}   bertctl logs {exp.id} -f", file=sys.stderr)
+    print(exp.id, flush=True)
+    if follow:
+        from orchestrator.follow import follow as follow_experiment
+
+        return follow_experiment(exp, stderr_console())
     return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
     from orchestrator import experiments, status
 
-    exps = [experiments.find(args.experiment)] if args.experiment else experiments.load_all()
-    views = status.collect(exps)
+    if args.experiment:
+        views = status.collect([experiments.find(args.experiment)])
+    else:
+        views = status.recent(experiments.load_all(), args.state, args.cluster, args.n)
     if args.json:
         print(json.dumps({"experiments": [v.as_json() for v in views]}, indent=2))
     elif not views:
-        print(f"no experiments yet in {experiments.registry_dir()}", file=sys.stderr)
+        print(f"no experiments{' match' if args.state or args.cluster else ' yet'} in {experiments.registry_dir()}",
+              file=sys.stderr)
     else:
         status.print_table(views, console(sys.stdout))
     return 0
@@ -76,31 +87,75 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_logs(args: argparse.Namespace) -> int:
     from orchestrator import experiments, logs
 
-    return logs.show(experiments.find(args.experiment), args.run, args.rank, args.follow)
+    return logs.show(experiments.find(args.experiment), args.run, args.rank, args.follow, grep=args.grep, last=args.n)
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    import signal
-
-    from orchestrator import experiments, scheduler
+    from orchestrator import experiments, lifecycle
 
     exp = experiments.find(args.experiment)
-    if exp.executor == "local":
-        if not any(scheduler.local_controller_alive(job) for job in exp.job_ids):
-            print(f"{exp.id} has already ended: nothing to cancel", file=sys.stderr)  # keep its real outcome
-            print(exp.id)
-            return 0
-        (exp.path / "job.cancelled").touch()
-        for job in exp.job_ids:
-            scheduler.signal_local(job, signal.SIGINT)
+    if not lifecycle.cancel(exp):
+        print(f"{exp.id} has already ended: nothing to cancel", file=sys.stderr)  # keep its real outcome
     else:
-        try:
-            scheduler.cancel_slurm(sorted({j.split("_")[0] for j in exp.job_ids}))
-        except scheduler.SchedulerError as e:
-            raise WorkFailed(f"scancel failed: {e}") from None
-    print(f"cancelled {exp.id} (job(s) {', '.join(exp.job_ids)})", file=sys.stderr)
+        print(f"cancelled {exp.id} (job(s) {', '.join(exp.job_ids)})", file=sys.stderr)
     print(exp.id)
     return 0
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    from orchestrator import experiments, lifecycle
+
+    exp = lifecycle.resume(experiments.find(args.experiment), args.run)
+    print(f"resumed {exp.id}: job(s) {', '.join(exp.job_ids)}", file=sys.stderr)
+    print(exp.id)
+    if args.follow:
+        from orchestrator.follow import follow
+
+        return follow(exp, stderr_console())
+    return 0
+
+
+def cmd_rerun(args: argparse.Namespace) -> int:
+    from orchestrator import experiments, lifecycle
+
+    original = experiments.find(args.experiment)
+    cluster = lifecycle.rerun_cluster(original, args.override)
+    return submit_and_report(cluster, args.nexp or original.nexp, original.program, args.follow,
+                             note=f" (a rerun of {original.id})")
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    from orchestrator import experiments, lifecycle
+
+    a, b = experiments.find(args.first), experiments.find(args.second)
+    differences = lifecycle.config_differences(a, b)
+    results = {a.id: lifecycle.result_summary(a), b.id: lifecycle.result_summary(b)}
+    if args.json:
+        print(json.dumps({"config": [{"key": k, a.id: va, b.id: vb} for k, va, vb in differences],
+                          "results": results}, indent=2, default=str))
+        return 0
+    from rich.table import Table
+
+    out = console(sys.stdout)
+    table = Table(title="resolved configuration: keys that differ", header_style="bold")
+    for col in ("key", a.id, b.id):
+        table.add_column(col, overflow="fold")
+    for key, va, vb in differences:
+        table.add_row(key, _cell(va), _cell(vb))
+    if not differences:
+        table.add_row("(none)", "", "")
+    out.print(table)
+    table = Table(title="results", header_style="bold")
+    for col in ("", a.id, b.id):
+        table.add_column(col, overflow="fold")
+    for field in results[a.id]:
+        table.add_row(field, _cell(results[a.id][field]), _cell(results[b.id][field]))
+    out.print(table)
+    return 0
+
+
+def _cell(value) -> str:
+    return "-" if value is None else (json.dumps(value) if isinstance(value, (list, dict)) else str(value))
 
 
 def cmd_compliance_check(args: argparse.Namespace) -> int:
@@ -247,9 +302,11 @@ def build_parser() -> argparse.ArgumentParser:
         return p
 
     def cluster_args(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--cluster", required=True, help="a cluster name (see `bertctl clusters`) or a YAML file")
+        p.add_argument("--cluster", required=True,
+                       help="a cluster name (see `bertctl clusters`) or a YAML file").completer = complete_clusters
         p.add_argument("-o", dest="override", action="append", default=[], metavar="KEY.PATH=VALUE",
-                       help="override one value of the cluster file, e.g. -o run.optim.lr=1e-3 (repeatable)")
+                       help="override one value of the cluster file, e.g. -o run.optim.lr=1e-3 (repeatable)"
+                       ).completer = complete_keys
         p.add_argument("--nexp", type=_positive, default=1, help="number of runs (MLPerf BERT needs 10)")
         p.add_argument("--probe", action="store_true",
                        help="run the launch-path probe instead of training: every rank reports rank, node and devices")
@@ -261,19 +318,39 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="print the script that would be submitted, submit nothing")
     p.add_argument("--test-only", action="store_true", help="ask Slurm (sbatch --test-only) whether and when it would run")
     p.add_argument("--follow", action="store_true", help="stay and stream the runs' logs until the experiment ends")
-    p = verb("status", cmd_status, "experiments and their runs: state, progress, last eval accuracy")
-    p.add_argument("experiment", nargs="?", help="an experiment id (or unique prefix, or `last`); default: all")
+    p = verb("status", cmd_status, "experiments and their runs: state, progress, last eval accuracy (newest first)")
+    experiment_arg(p, nargs="?", help_="an experiment id (or unique prefix, or `last`); default: the newest ones")
+    p.add_argument("--state", action="append", type=str.upper, metavar="STATE",
+                   help="only experiments in this state (repeatable): " + ", ".join(STATES))
+    p.add_argument("--cluster", help="only experiments on this cluster").completer = complete_clusters
+    p.add_argument("-n", type=_positive, default=20, metavar="N", help="at most N experiments, newest first (default 20)")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout instead of the table")
     p = verb("logs", cmd_logs, "print or follow a run's log")
-    p.add_argument("experiment", help="an experiment id (or unique prefix, or `last`)")
+    experiment_arg(p)
     p.add_argument("--run", type=int, help="run index (default: the newest started run)")
     p.add_argument("--rank", type=int, help="only this rank's lines")
+    p.add_argument("--grep", metavar="PATTERN", help="only lines matching this regular expression")
+    p.add_argument("-n", type=_positive, metavar="N", help="only the last N lines (with -f: then keep following)")
     p.add_argument("-f", "--follow", action="store_true", help="keep streaming until the run ends")
     p = verb("cancel", cmd_cancel, "cancel an experiment's job(s)")
-    p.add_argument("experiment", help="an experiment id (or unique prefix, or `last`)")
+    experiment_arg(p)
+    p = verb("resume", cmd_resume, "continue an experiment's interrupted or failed runs from their latest checkpoints")
+    experiment_arg(p)
+    p.add_argument("--run", type=int, action="append", help="only this run (repeatable; default: every unfinished run)")
+    p.add_argument("--follow", action="store_true", help="stay and stream the runs' logs until the experiment ends")
+    p = verb("rerun", cmd_rerun, "submit an experiment's resolved configuration again, as a new experiment")
+    experiment_arg(p)
+    p.add_argument("-o", dest="override", action="append", default=[], metavar="KEY.PATH=VALUE",
+                   help="change one value of the resolved configuration (repeatable)").completer = complete_keys
+    p.add_argument("--nexp", type=_positive, help="number of runs (default: the original's)")
+    p.add_argument("--follow", action="store_true", help="stay and stream the runs' logs until the experiment ends")
+    p = verb("diff", cmd_diff, "two experiments side by side: the resolved configuration keys that differ, and results")
+    p.add_argument("first", help="an experiment id (or unique prefix, or `last`)").completer = complete_experiments
+    p.add_argument("second", help="an experiment id (or unique prefix, or `last`)").completer = complete_experiments
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout")
     p = verb("compliance-check", cmd_compliance_check,
              "judge a set of runs with the official MLPerf tools: checker per log, olympic score, RCP")
-    p.add_argument("experiment", nargs="?", help="an experiment id (or unique prefix, or `last`)")
+    experiment_arg(p, nargs="?")
     p.add_argument("--results", metavar="DIR", help="instead of an experiment: an MLPerf result tree or a folder of result_*.txt")
     p.add_argument("--ruleset", help="the checker's ruleset (default: the experiment's, or a hint from the logs; "
                                      "5.0.0 is the newest that accepts BERT)")
@@ -281,13 +358,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-score", action="store_true", help="check each log only: any number of runs, no score, no RCP")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout (the table still goes to stderr)")
     p = verb("package", cmd_package, "write an experiment as an MLPerf submission package and run the package checker")
-    p.add_argument("experiment", help="an experiment id (or unique prefix, or `last`) with 10 runs")
+    experiment_arg(p, help_="an experiment id (or unique prefix, or `last`) with 10 runs")
     p.add_argument("--org", required=True, help="the submitting organisation (the package's top folder)")
     p.add_argument("--out", required=True, metavar="DIR", help="folder to write ORG/ into")
     p.add_argument("--system", help="the system's id in the package (default: the cluster name)")
     p.add_argument("--ruleset", help="the package checker's ruleset (default: the experiment's, 5.0.0)")
     p = verb("plot", cmd_plot, "draw eval accuracy and throughput of every run as a PNG; prints its path")
-    p.add_argument("experiment", nargs="?", help="an experiment id (or unique prefix, or `last`)")
+    experiment_arg(p, nargs="?")
     p.add_argument("--results", metavar="DIR", help="instead of an experiment: an MLPerf result tree or a folder of result_*.txt")
     p.add_argument("--out", metavar="PNG", help="where to write the PNG (default: convergence.png in the experiment)")
     add_data_verbs(verb)
@@ -295,6 +372,40 @@ def build_parser() -> argparse.ArgumentParser:
     verbs.add_parser("balance", help="simulate load balance across ranks on the real length histogram: "
                      "--ranks N --batch B [--group K] [--strategy S] [--json] [--plot PNG]")
     return parser
+
+
+STATES = ("PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "INTERRUPTED", "UNKNOWN")
+
+
+def experiment_arg(p: argparse.ArgumentParser, nargs: str | None = None,
+                   help_: str = "an experiment id (or unique prefix, or `last`)") -> None:
+    p.add_argument("experiment", nargs=nargs, help=help_).completer = complete_experiments
+
+
+# ---- shell completion (argcomplete): `eval "$(register-python-argcomplete bertctl)"`
+
+def complete_clusters(prefix: str, **_) -> list[str]:
+    from orchestrator.clusters import cluster_files
+
+    return [name for name in cluster_files() if name.startswith(prefix)]
+
+
+def complete_experiments(prefix: str, **_) -> list[str]:
+    from orchestrator import experiments
+
+    try:
+        return [e.id for e in reversed(experiments.load_all()) if e.id.startswith(prefix)] + ["last"]
+    except Exception:  # completion must never print a traceback into the user's shell
+        return []
+
+
+def complete_keys(prefix: str, **_) -> list[str]:
+    """`-o` keys of the cluster schema, completed one level at a time (`run.` -> `run.optim.` ...)."""
+    from orchestrator.clusters import ClusterConfig
+    from orchestrator.configfile import schema_keys
+
+    key = prefix.partition("=")[0]
+    return [k for k in schema_keys(ClusterConfig) if k.startswith(key)]
 
 
 def _positive(text: str) -> int:
@@ -308,7 +419,12 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["balance"]:
         return cmd_balance(argv[1:])
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    if "_ARGCOMPLETE" in os.environ:  # only when the shell asks for completions: keep --help instant
+        import argcomplete
+
+        argcomplete.autocomplete(parser)
+    args = parser.parse_args(argv)
     try:
         return args.fn(args)
     except UserError as e:

@@ -151,3 +151,19 @@ def _deep_copy(value: Any) -> Any:
     if isinstance(value, list):
         return [_deep_copy(v) for v in value]
     return value
+
+
+def schema_keys(model: type[BaseModel], prefix: str = "") -> list[str]:
+    """Every dotted key a `-o` override can set in `model` (free mappings as `section.` prefixes)."""
+    keys = []
+    for name, field in model.model_fields.items():
+        if name in getattr(model, "derived_fields", ()):
+            continue
+        annotation = unwrap_optional(field.annotation)
+        if is_model(annotation):
+            keys += schema_keys(annotation, f"{prefix}{name}.")
+        elif is_free_mapping(annotation):
+            keys.append(f"{prefix}{name}.")
+        else:
+            keys.append(f"{prefix}{name}")
+    return keys

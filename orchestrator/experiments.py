@@ -45,6 +45,9 @@ class Experiment:
     job_ids: list[str] = field(default_factory=list)  # one per run for arrays, else one
     submitted: bool = False
     steps: list[str] = field(default_factory=list)  # preparatory steps before the runs: prepare, phase1
+    array: bool = False  # Slurm: one array element per run (job_ids are `JOB_i`)
+    container: str = "none"  # the cluster's container kind (the job's Python follows from it)
+    history: list[str] = field(default_factory=list)  # every job id this experiment ever had, resumes included
 
     @property
     def path(self) -> Path:
@@ -65,36 +68,68 @@ def registry_dir() -> Path:
 
 
 def new_id(cluster: str) -> str:
-    return f"{cluster}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(2)}"
+    """cluster-date-time-random: sortable by time, and 32 random bits keep concurrent submits apart."""
+    return f"{cluster}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(4)}"
 
 
 def create(exp: Experiment, files: dict[str, str], home: Path | None = None) -> Experiment:
-    """Write the experiment's files into a temporary directory, then rename it into place.
+    """Give the experiment a fresh id and write its directory, all or nothing.
 
-    Either the whole directory appears or nothing does: an interrupted `submit` leaves no
-    half-written experiment behind.
+    The id is claimed by creating its (empty) directory, which fails if another submit took it; the
+    files are written into a staging directory that then replaces the claimed one in one rename;
+    the registry's link comes last. Any failure removes what was made and, for a file-system error
+    on the user's path, becomes one UserError naming the path.
     """
-    final = Path(home) / exp.id if home else registry_dir() / exp.id
-    final.parent.mkdir(parents=True, exist_ok=True)
-    exp = replace(exp, dir=str(final))
-    staging = Path(tempfile.mkdtemp(prefix=f".{exp.id}.", dir=final.parent))
+    parent = Path(home) if home else registry_dir()
     try:
-        for name, text in files.items():
-            (staging / name).write_text(text, encoding="utf-8")
-        _write_json(staging / RECORD, asdict(exp))
-        os.rename(staging, final)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        parent.mkdir(parents=True, exist_ok=True)
+        final = _claim(parent, exp.cluster)
+    except OSError as e:
+        raise _path_error(e, parent, "experiments_dir" if home else "BERTCTL_HOME") from None
+    exp = replace(exp, id=final.name, dir=str(final))
+    try:
+        staging = Path(tempfile.mkdtemp(prefix=f".{exp.id}.", dir=parent))
+        try:
+            for name, text in files.items():
+                (staging / name).write_text(text, encoding="utf-8")
+            _write_json(staging / RECORD, asdict(exp))
+            os.rename(staging, final)  # replaces the empty claimed directory atomically
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        if home:  # keep the registry the one place to look
+            link = registry_dir() / exp.id
+            link.parent.mkdir(parents=True, exist_ok=True)
+            link.symlink_to(final, target_is_directory=True)
+    except BaseException as e:
+        shutil.rmtree(final, ignore_errors=True)
+        if isinstance(e, OSError):
+            raise _path_error(e, Path(e.filename) if e.filename else parent, "experiment") from None
         raise
-    if home:  # keep the registry the one place to look
-        link = registry_dir() / exp.id
-        link.parent.mkdir(parents=True, exist_ok=True)
-        link.symlink_to(final, target_is_directory=True)
     return exp
 
 
+def _claim(parent: Path, cluster: str) -> Path:
+    for _ in range(100):
+        candidate = parent / new_id(cluster)
+        try:
+            candidate.mkdir()
+            return candidate
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free experiment id in {parent}")
+
+
+def _path_error(error: OSError, path: Path, what: str) -> UserError:
+    reason = error.strerror or str(error)
+    return UserError(f"cannot write the {what} directory: {reason}", where=str(path))
+
+
 def save(exp: Experiment) -> None:
-    _write_json(exp.path / RECORD, asdict(exp))
+    try:
+        _write_json(exp.path / RECORD, asdict(exp))
+    except OSError as e:
+        raise _path_error(e, exp.path, "experiment") from None
 
 
 def remove(exp: Experiment) -> None:

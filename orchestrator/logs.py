@@ -29,23 +29,32 @@ def rank_filter(rank: int | None) -> Callable[[str], bool]:
     return lambda line: bool(pattern.match(line))
 
 
-def show(exp: Experiment, run: int | None, rank: int | None, follow: bool, out: TextIO = sys.stdout) -> int:
+def line_filter(rank: int | None, grep: str | None) -> Callable[[str], bool]:
+    """Lines of one rank (or all) that match `grep` (a regular expression; or all)."""
+    of_rank = rank_filter(rank)
+    if grep is None:
+        return of_rank
+    try:
+        pattern = re.compile(grep)
+    except re.error as e:
+        raise UserError(f"not a regular expression: {e}", where="--grep", key=grep) from None
+    return lambda line: of_rank(line) and bool(pattern.search(line))
+
+
+def show(exp: Experiment, run: int | None, rank: int | None, follow: bool, out: TextIO = sys.stdout,
+         grep: str | None = None, last: int | None = None) -> int:
+    """Print run N's log (its last `last` matching lines), or with `follow` stream it until the run ends."""
     run = default_run(exp) if run is None else run
     if not 0 <= run < exp.nexp:
         raise UserError(f"experiment has runs 0..{exp.nexp - 1}", where="--run", key=str(run))
     path = exp.log_file(run)
-    keep = rank_filter(rank)
+    keep = line_filter(rank, grep)
     if not follow:
         if not path.exists():
             raise UserError(f"run {run} has no log yet ({path})", where=exp.id)
-        _copy(path.read_text(errors="replace"), keep, out)
+        _copy_last(path.read_text(errors="replace"), keep, last, out)
         return 0
-    return _follow(exp, run, path, keep, out)
-
-
-def _follow(exp: Experiment, run: int, path: Path, keep, out: TextIO) -> int:
-    """Stream new lines until the run records its exit or the job is over."""
-    follow_file(path, lambda: _run_over(exp, run), keep, out)
+    follow_file(path, lambda: _run_over(exp, run), keep, out, last=last)
     return 0
 
 
@@ -55,8 +64,15 @@ def follow_step(exp: Experiment, step: str, out: TextIO) -> None:
     follow_file(exp.path / "logs" / f"{step}.log", done, rank_filter(None), out)
 
 
-def follow_file(path: Path, done, keep, out: TextIO) -> None:
+def follow_file(path: Path, done, keep, out: TextIO, last: int | None = None) -> None:
+    """Stream `path` as it grows until `done()`; with `last`, start from its last N kept lines (tail -n N -f)."""
     offset, pending = 0, ""
+    if last is not None and path.exists():
+        with path.open("r", errors="replace") as f:
+            text = f.read()
+            offset = f.tell()
+        complete, _, pending = text.rpartition("\n")
+        _copy_last(complete + "\n" if complete else "", keep, last, out)
     while True:
         over = done()  # checked before reading, so nothing written before the end is missed
         if path.exists():
@@ -79,6 +95,12 @@ def _run_over(exp: Experiment, run: int) -> bool:
         return True
     rv = status.collect([exp])[0].runs[run]
     return rv.state.finished
+
+
+def _copy_last(text: str, keep, last: int | None, out: TextIO) -> None:
+    lines = [line for line in text.splitlines(keepends=True) if keep(line)]
+    out.writelines(lines[-last:] if last else lines)
+    out.flush()
 
 
 def _copy(text: str, keep, out: TextIO) -> None:

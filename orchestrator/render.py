@@ -90,10 +90,10 @@ def seeds(c: ClusterConfig, nexp: int) -> list[int]:
 
 
 def sbatch_options(c: ClusterConfig, nexp: int) -> list[str]:
-    """`#SBATCH` options, each `--flag` or `--flag=<shell-quoted value>` (sbatch parses quotes)."""
+    """The training job's `#SBATCH` options."""
     r, s = c.resources, c.slurm
     array = s.nexp_mode == "array" and nexp > 1
-    opts = [
+    return sbatch_lines([
         ("job-name", f"bert-{c.name}"),
         ("nodes", r.nodes),
         ("ntasks-per-node", r.tasks_per_node),
@@ -108,13 +108,20 @@ def sbatch_options(c: ClusterConfig, nexp: int) -> list[str]:
         # ranks get SIGUSR2 this long before the time limit, checkpoint, and the job requeues itself
         ("signal", f"USR2@{s.signal_seconds}" if s.signal_seconds else None),
         ("open-mode", "append"),
-    ]
-    lines = [f"--{k}={shlex.quote(str(v))}" for k, v in opts if v is not None]
-    if s.exclusive:
-        lines.append("--exclusive")
-    if s.max_requeues:
-        lines.append("--requeue")
-    for flag in s.extra_sbatch:
+        ("exclusive", s.exclusive),
+        ("requeue", bool(s.max_requeues)),
+    ], s.extra_sbatch)
+
+
+def sbatch_lines(options: list[tuple[str, object]], extra: list[str] = ()) -> list[str]:
+    """`#SBATCH` options, in order: `--name=<shell-quoted value>` (sbatch parses quotes), `--name` for
+    True, nothing for None or False; then the cluster's `extra_sbatch` flags as given."""
+    lines = []
+    for name, value in options:
+        if value is None or value is False:
+            continue
+        lines.append(f"--{name}" if value is True else f"--{name}={shlex.quote(str(value))}")
+    for flag in extra:
         name, sep, value = flag.partition("=")
         lines.append(f"{name}={shlex.quote(value)}" if sep else name)
     return lines

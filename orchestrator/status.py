@@ -17,6 +17,7 @@ import yaml
 from orchestrator import results, scheduler
 from orchestrator.experiments import Experiment
 from orchestrator.scheduler import JobInfo, State
+from trainer.config import REQUEUE_EXIT_CODE
 
 ERROR_LINE = re.compile(r"(?i)(error|exception|traceback|no such file|not found|killed|denied|unbound variable)")
 SRUN_PREFIX = re.compile(r"^\s*\d+: ")
@@ -67,6 +68,24 @@ def collect(exps: list[Experiment]) -> list[ExperimentView]:
     return [view(e, slurm) for e in exps]
 
 
+def recent(exps: list[Experiment], states: list[str] | None = None, cluster: str | None = None,
+           limit: int = 20) -> list[ExperimentView]:
+    """The newest experiments first, at most `limit`, filtered by cluster and by state. Without a
+    state filter only the newest `limit` are looked at (one scheduler query for those), so `status`
+    stays fast however many experiments the registry holds."""
+    from orchestrator.errors import UserError
+
+    unknown = sorted(set(states or ()) - {s.value for s in State})
+    if unknown:
+        raise UserError(f"unknown state {', '.join(unknown)} (states: {', '.join(s.value for s in State)})", where="--state")
+    newest = sorted(exps, key=lambda e: e.created, reverse=True)
+    if cluster:
+        newest = [e for e in newest if e.cluster == cluster]
+    if not states:
+        return collect(newest[:limit])
+    return [v for v in collect(newest) if v.state.value in states][:limit]
+
+
 def view(exp: Experiment, slurm: dict[str, JobInfo]) -> ExperimentView:
     jobs = [job_info(exp, i, slurm) for i in range(exp.nexp)]
     runs = [run_view(exp, i, job) for i, job in enumerate(jobs)]
@@ -91,7 +110,8 @@ def job_info(exp: Experiment, run: int, slurm: dict[str, JobInfo]) -> JobInfo:
 def run_view(exp: Experiment, run: int, job: JobInfo) -> RunView:
     started = exp.path / "runs" / f"{run}.started"
     exit_file = exp.exit_file(run)
-    state = run_state(job, started.exists(), _read_exit(exit_file))
+    interrupted = (exp.path / "runs" / f"{run}.interrupted").exists()
+    state = run_state(job, started.exists(), _read_exit(exit_file), interrupted)
     end = exit_file.stat().st_mtime if exit_file.exists() else time.time()
     rv = RunView(
         run=run, state=state, seed=exp.seeds[run], job_id=job.job_id, nodes=job.nodes,
@@ -99,14 +119,22 @@ def run_view(exp: Experiment, run: int, job: JobInfo) -> RunView:
     )
     if exp.program == "train":
         add_progress(rv, exp)
-    if state in (State.FAILED, State.TIMEOUT, State.UNKNOWN) or (state == State.CANCELLED and started.exists()):
+    if state == State.INTERRUPTED:
+        update = checkpoint_update(exp, run)
+        reached = f" at update {update}" if update is not None else ""
+        rv.error = f"checkpoint saved{reached}: bertctl resume {exp.id} continues it"
+    elif state in (State.FAILED, State.TIMEOUT, State.UNKNOWN) or (state == State.CANCELLED and started.exists()):
         rv.error = last_error(exp, run, job)
     return rv
 
 
-def run_state(job: JobInfo, started: bool, exit_code: int | None) -> State:
+def run_state(job: JobInfo, started: bool, exit_code: int | None, interrupted: bool = False) -> State:
     if exit_code is not None:
         return State.COMPLETED if exit_code == 0 else State.FAILED
+    if interrupted:  # `bertctl resume` removes the mark before it starts the run again
+        return State.INTERRUPTED
+    if job.state.finished and job.exit_code.split(":")[0] == str(REQUEUE_EXIT_CODE):
+        return State.INTERRUPTED  # the job stopped at an interrupted run: this one waits for the resume
     if job.state.finished:
         # the job is over and this run never recorded an exit: it shares the job's fate
         return State.FAILED if job.state == State.COMPLETED else job.state
@@ -119,7 +147,7 @@ def overall_state(states: list[State]) -> State:
     for s in (State.RUNNING, State.PENDING, State.UNKNOWN):
         if s in states:
             return s
-    for s in (State.FAILED, State.TIMEOUT, State.CANCELLED):
+    for s in (State.INTERRUPTED, State.FAILED, State.TIMEOUT, State.CANCELLED):
         if s in states:
             return s
     return State.COMPLETED
@@ -137,7 +165,7 @@ def add_progress(rv: RunView, exp: Experiment) -> None:
 
 def last_error(exp: Experiment, run: int, job: JobInfo) -> str | None:
     """The most telling line of the run's log (or the job's), for the status table."""
-    candidates = [exp.log_file(run), *sorted(exp.path.glob("slurm-*.out")), *sorted((exp.path / "submitit").glob("*_log.out"))]
+    candidates = [exp.log_file(run), *sorted(exp.path.glob("slurm-*.out")), exp.path / "job.log"]
     for path in candidates:
         line = _telling_line(path)
         if line:
@@ -157,6 +185,15 @@ def _telling_line(path: Path) -> str | None:
     # than the task's message that caused it
     own = [line for line in errors if not line.startswith(("srun: ", "slurmstepd: "))]
     return (own or errors or lines or [None])[-1]
+
+
+def checkpoint_update(exp: Experiment, run: int) -> int | None:
+    """The update of run N's latest checkpoint (checkpoints/run_N/latest -> step_<update>)."""
+    try:
+        name = (exp.path / "checkpoints" / f"run_{run}" / "latest").read_text().strip()
+        return int(name.removeprefix("step_"))
+    except (OSError, ValueError):
+        return None
 
 
 def _read_exit(path: Path) -> int | None:

@@ -1,51 +1,28 @@
-"""Submission: render, record the experiment, hand the script to submitit.
+"""Submission: render, record the experiment, hand the script to the scheduler.
 
-submitit does what it does well (calling sbatch and reading the job id, starting a detached local
-controller); the script it submits is ours. `ScriptSlurmExecutor` is submitit's Slurm executor with
-the submission-file hook changed to return the rendered bertctl script; the local executor runs
-the rendered script as its command.
+Slurm gets the rendered script through `sbatch --parsable` (the job id is its answer); the local
+executor starts it detached on this machine (orchestrator/scheduler.py). Either way `submit`
+returns as soon as the job exists. The experiment is written first and removed again if the
+scheduler refuses the job, so a failed submit leaves nothing behind.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
-import shlex
 import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import submitit
 import yaml
-from submitit.core.utils import FailedJobError
 
-from orchestrator import experiments, render as rendering
+from orchestrator import experiments, render as rendering, scheduler
 from orchestrator.clusters import LoadedCluster
 from orchestrator.errors import UserError
 from orchestrator.experiments import Experiment
 from trainer.config import PathError, expand_path
-
-
-class ScriptSlurmExecutor(submitit.SlurmExecutor):
-    """submitit's Slurm executor submitting a bertctl script, from the experiment directory."""
-
-    def __init__(self, folder: Path, script: str, workdir: Path):
-        super().__init__(folder)
-        self._script = script
-        self._workdir = workdir
-
-    def _make_submission_file_text(self, command: str, uid: str) -> str:
-        return self._script
-
-    def _make_submission_command(self, submission_file_path: Path) -> list[str]:
-        # --chdir: the script writes everything under its working directory, the experiment's
-        return ["sbatch", f"--chdir={self._workdir}", str(submission_file_path)]
-
-    def _num_tasks(self) -> int:
-        return 1  # the script starts its own job steps
 
 
 def submit(cluster: LoadedCluster, nexp: int, program: str = "train") -> Experiment:
@@ -56,38 +33,51 @@ def submit(cluster: LoadedCluster, nexp: int, program: str = "train") -> Experim
         check_slurm_request(cluster)
     name = rendering.script_name(config)
     exp = Experiment(
-        id=experiments.new_id(config.name),
-        cluster=config.name,
-        cluster_source=cluster.source,
-        executor=config.executor,
-        nexp=nexp,
-        seeds=rendering.seeds(config, nexp),
-        program=program,
-        overrides=list(cluster.overrides),
-        script=name,
-        created=time.time(),
-        dir="",
-        steps=rendering.prerequisites(config, program),
+        id="", cluster=config.name, cluster_source=cluster.source, executor=config.executor, nexp=nexp,
+        seeds=rendering.seeds(config, nexp), program=program, overrides=list(cluster.overrides), script=name,
+        created=time.time(), dir="", steps=rendering.prerequisites(config, program),
+        array=config.executor == "slurm" and config.slurm.nexp_mode == "array" and nexp > 1,
+        container=config.container.kind,
     )
-    home = experiments_home(cluster)
     files = {
         name: script,
         "run.yaml": config.run.to_yaml(),
         "cluster.yaml": yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False),
     }
-    exp = experiments.create(exp, files, home=home)
-    # Without a container the job runs the Python that submitted it (as submitit does by default);
-    # the job inherits this environment from sbatch or the local controller.
-    job_env = {"BERTCTL_PYTHON": sys.executable} if config.container.kind == "none" else {}
+    exp = experiments.create(exp, files, home=experiments_home(cluster))
     try:
-        with _environment(job_env):
-            job_ids = _submit_slurm(exp, script) if config.executor == "slurm" else _submit_local(exp)
+        job_ids = launch(exp)
     except BaseException:
         experiments.remove(exp)  # nothing reached the scheduler: leave nothing behind
         raise
-    exp = dataclasses.replace(exp, job_ids=job_ids, submitted=True)
+    exp = dataclasses.replace(exp, job_ids=job_ids, history=list(job_ids), submitted=True)
     experiments.save(exp)
     return exp
+
+
+def launch(exp: Experiment, runs: list[int] | None = None) -> list[str]:
+    """Start the experiment's script; returns the job id of each run (arrays: one element per run).
+    `runs`: in array mode, only these runs' elements (a resume); the script skips finished runs."""
+    env = job_environment(exp.container)
+    if exp.executor == "local":
+        return [scheduler.start_local(exp.path / exp.script, exp.path / "job.log", exp.path, env)]
+    extra = [f"--array={','.join(str(r) for r in runs)}"] if exp.array and runs is not None else []
+    try:
+        job = scheduler.sbatch(exp.path / exp.script, exp.path, extra, env)
+    except scheduler.SchedulerError as e:
+        raise UserError(f"sbatch refused the job: {e}", where="sbatch") from None
+    if exp.array:
+        return [f"{job}_{i}" for i in (runs if runs is not None else range(exp.nexp))]
+    return [job]
+
+
+def job_environment(container: str) -> dict[str, str]:
+    """The job's environment. Without a container the job runs the Python that submitted it (sbatch
+    and the local executor pass this environment on), as submitit does by default."""
+    env = dict(os.environ)
+    if container == "none":
+        env["BERTCTL_PYTHON"] = sys.executable
+    return env
 
 
 def test_only(cluster: LoadedCluster, nexp: int, program: str = "train") -> str:
@@ -128,40 +118,6 @@ def require_slurm() -> None:
         )
 
 
-def _submit_slurm(exp: Experiment, script: str) -> list[str]:
-    (exp.path / "submitit").mkdir()
-    executor = ScriptSlurmExecutor(exp.path / "submitit", script, exp.path)
-    try:
-        job = executor._submit_command("")  # the command lives in our script
-    except FailedJobError as e:
-        raise UserError(f"sbatch refused the job: {_last_line(str(e))}", where="sbatch") from None
-    if exp.nexp > 1 and "--array" in script:
-        return [f"{job.job_id}_{i}" for i in range(exp.nexp)]
-    return [job.job_id]
-
-
-def _submit_local(exp: Experiment) -> list[str]:
-    executor = submitit.LocalExecutor(exp.path / "submitit")
-    # the local controller kills its task at the timeout: a week is "no limit" here
-    executor.update_parameters(timeout_min=7 * 24 * 60, tasks_per_node=1, stderr_to_stdout=True)
-    job = executor._submit_command(shlex.join(["bash", str(exp.path / exp.script)]))
-    return [job.job_id]
-
-
-@contextlib.contextmanager
-def _environment(extra: dict[str, str]):
-    saved = {k: os.environ.get(k) for k in extra}
-    os.environ.update(extra)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 def _last_line(text: str) -> str:
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     errors = [line for line in lines if "error" in line.lower()]
@@ -181,4 +137,3 @@ def experiments_home(cluster: LoadedCluster) -> Path | None:
         raise UserError(f"must be an absolute path (after ~ and $VARS), got {value!r}",
                         where=str(cluster.source), key="experiments_dir")
     return path
-

@@ -43,7 +43,7 @@ def test_save_replaces_the_record_atomically(bertctl_home, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(os, "replace", crash)
-    with pytest.raises(OSError):
+    with pytest.raises(UserError, match="cannot write the experiment directory: disk full"):
         experiments.save(dataclasses.replace(updated, job_ids=["18"]))
     assert experiments.find(exp.id).job_ids == ["17"]  # the old record is intact
     assert [p.name for p in exp.path.iterdir() if p.name.startswith(".")] == []  # no temp file left

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trainer.data.prepare.errors import BadInput, PrepareError
+from trainer.data.prepare.errors import BadInput, PrepareError, report_failure
 from trainer.tf_checkpoint import TFCheckpoint
 
 # optimizer state and bookkeeping in the MLPerf checkpoint (LAMB) and in Google's (Adam)
@@ -187,8 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         state = convert(args.tf_checkpoint, args.bert_config)
         save(state, args.output)
     except PrepareError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return e.exit_code
+        return report_failure(e.exit_code, e.path, e.what)
     print(json.dumps({"output": args.output, "tensors": len(state)}))
     return 0
 

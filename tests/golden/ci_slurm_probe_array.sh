@@ -131,14 +131,34 @@ CONTAINER=()
 
 on_every_node() { srun --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 "$@"; }
 
-# One MLPerf run: clear caches, log cache_clear once per node, then all ranks. A run that already
-# finished is skipped, so a requeued job picks up where it stopped. (Called as `run_one || ...`,
-# where bash ignores set -e: every step checks its own status.)
+# ---- how this job runs one run's ranks (used by run_one below)
+WHERE=" on $SLURM_JOB_NUM_NODES node(s)"
+launch_ranks() {  # run $1 with seed $2: every rank of the allocation
+  export MASTER_PORT=$((20000 + SLURM_JOB_ID % 2000 * 16 + $1 % 16))
+  export BERTCTL_RUN_INDEX=$1 BERTCTL_SEED=$2
+  srun -l --kill-on-bad-exit=1 --distribution=block \
+    --ntasks="$NTASKS" --ntasks-per-node=2 "${CONTAINER[@]}" \
+    bash "$EXP_DIR/task.sh"
+}
+# Requeue exactly the job that holds run $1: its array element in array mode (requeueing the array's
+# own id would restart every element, running siblings included), else the job.
+requeue_run() {
+  [ "${SLURM_RESTART_COUNT:-0}" -lt 3 ] || return 1
+  local job="${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"
+  echo "run $1 saved a checkpoint on SIGUSR2/SIGTERM: requeueing job $job"
+  scontrol requeue "$job"
+}
+
+# One MLPerf run: clear caches, log cache_clear once per node, then all ranks. A run that finished is
+# skipped; a run that saved a checkpoint on SIGUSR2/SIGTERM (exit 75) is requeued where the
+# scheduler can, else marked interrupted for `bertctl resume`. (Called as `run_one || ...`, where bash
+# ignores set -e: every step checks its own status.)
 run_one() {
   local i=$1 seed=${SEEDS[$1]}
   local result="$EXP_DIR/results/result_$i.txt" log="$EXP_DIR/logs/run_$i.log"
-  if [ -e "$EXP_DIR/runs/$i.exit" ]; then echo "run $i finished earlier: skipped"; return 0; fi
-  echo "=== run $i of $NEXP (seed $seed) on $SLURM_JOB_NUM_NODES node(s), $(date -Is)" | tee -a "$log"
+  if [ -e "$EXP_DIR/runs/$i.exit" ]; then echo "run $i finished earlier (exit $(cat "$EXP_DIR/runs/$i.exit")): skipped"; return 0; fi
+  rm -f "$EXP_DIR/runs/$i.interrupted"
+  echo "=== run $i of $NEXP (seed $seed)$WHERE, $(date -Is)" | tee -a "$log"
   if [ ! -e "$EXP_DIR/runs/$i.started" ]; then
     rm -f "$result"
     on_every_node bash -c "$DROP_CACHES" ||
@@ -147,17 +167,15 @@ run_one() {
       { echo "error: could not log cache_clear to $result" | tee -a "$log"; return 1; }
     touch "$EXP_DIR/runs/$i.started"
   fi
-  export MASTER_PORT=$((20000 + SLURM_JOB_ID % 2000 * 16 + i % 16))
   set +e
-  BERTCTL_RUN_INDEX=$i BERTCTL_SEED=$seed srun -l --kill-on-bad-exit=1 --distribution=block \
-    --ntasks="$NTASKS" --ntasks-per-node=2 "${CONTAINER[@]}" \
-    bash "$EXP_DIR/task.sh" 2>&1 | tee -a "$log"
+  launch_ranks "$i" "$seed" 2>&1 | tee -a "$log"
   local rc=${PIPESTATUS[0]}
   set -e
-  if [ "$rc" -eq 75 ] && [ "${SLURM_RESTART_COUNT:-0}" -lt 3 ]; then
-    echo "run $i saved a checkpoint on SIGUSR2/SIGTERM: requeueing job $SLURM_JOB_ID" | tee -a "$log"
-    scontrol requeue "$SLURM_JOB_ID"
-    exit 0
+  if [ "$rc" -eq 75 ]; then
+    requeue_run "$i" | tee -a "$log" && exit 0
+    echo "=== run $i saved a checkpoint and stopped: \`bertctl resume\` continues it, $(date -Is)" | tee -a "$log"
+    echo "$rc" > "$EXP_DIR/runs/$i.interrupted"
+    return "$rc"
   fi
   echo "=== run $i exited with $rc, $(date -Is)" | tee -a "$log"
   echo "$rc" > "$EXP_DIR/runs/$i.exit"

@@ -21,6 +21,8 @@ export BERTCTL_HOME=${BERTCTL_HOME:-$HOME/.bertctl}
 # one thread per task: the parallelism is the array
 export TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=1
 export NCCL_TOPO_FILE=/workspace/bert/dgxa100_nic_affinity.xml
+# a failing task leaves its error here as JSON, for `bertctl data prepare --wait` to report
+export BERTCTL_ERROR_FILE="$JOB_DIR/errors/combine_${SLURM_ARRAY_TASK_ID}.json"
 FIRST=$((SLURM_ARRAY_TASK_ID * 1))
 echo "dataset mlperf_wiki: stage combine, tasks $FIRST.. (array task $SLURM_ARRAY_TASK_ID) on $(hostname), $(date -Is)"
 

@@ -19,6 +19,8 @@ export BERTCTL_HOME=${BERTCTL_HOME:-$HOME/.bertctl}
 # one thread per task: the parallelism is the array
 export TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=1
 export OMP_NUM_THREADS=1
+# a failing task leaves its error here as JSON, for `bertctl data prepare --wait` to report
+export BERTCTL_ERROR_FILE="$JOB_DIR/errors/examples_${SLURM_ARRAY_TASK_ID}.json"
 FIRST=$((SLURM_ARRAY_TASK_ID * 1))
 echo "dataset sample: stage examples, tasks $FIRST.. (array task $SLURM_ARRAY_TASK_ID) on $(hostname), $(date -Is)"
 

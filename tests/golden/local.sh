@@ -205,32 +205,55 @@ BERTCTL_PHASE1_YAML_eb82ecc3cd2ae445
 step prepare "$PYTHON" -m orchestrator data prepare --dataset sample
 step phase1 "$PYTHON" -u -m trainer --config "$EXP_DIR/phase1.yaml" --out "$EXP_DIR/phase1" --once
 
-# One run: clear caches, log cache_clear, then 1 rank(s) on this machine.
-# (Called as `run_one || ...`, where bash ignores set -e: every step checks its own status.)
+# ---- how this machine runs one run's ranks (used by run_one below)
+WHERE=""
+CONTAINER=()
+on_every_node() { "$@"; }  # this machine is the only node
+launch_ranks() {  # run $1 with seed $2: 1 rank(s) here
+  export BERTCTL_RUN_INDEX=$1 BERTCTL_SEED=$2
+  "$PYTHON" -u -m trainer --config "$EXP_DIR/run.yaml" --out "$EXP_DIR" --run-index "$BERTCTL_RUN_INDEX" --seed "$BERTCTL_SEED"
+}
+requeue_run() { return 1; }  # no scheduler to hand it back to: `bertctl resume` continues it
+
+# One MLPerf run: clear caches, log cache_clear once per node, then all ranks. A run that finished is
+# skipped; a run that saved a checkpoint on SIGUSR2/SIGTERM (exit 75) is requeued where the
+# scheduler can, else marked interrupted for `bertctl resume`. (Called as `run_one || ...`, where bash
+# ignores set -e: every step checks its own status.)
 run_one() {
   local i=$1 seed=${SEEDS[$1]}
   local result="$EXP_DIR/results/result_$i.txt" log="$EXP_DIR/logs/run_$i.log"
-  if [ -e "$EXP_DIR/runs/$i.exit" ]; then echo "run $i finished earlier: skipped"; return 0; fi
-  echo "=== run $i of $NEXP (seed $seed), $(date -Is)" | tee -a "$log"
+  if [ -e "$EXP_DIR/runs/$i.exit" ]; then echo "run $i finished earlier (exit $(cat "$EXP_DIR/runs/$i.exit")): skipped"; return 0; fi
+  rm -f "$EXP_DIR/runs/$i.interrupted"
+  echo "=== run $i of $NEXP (seed $seed)$WHERE, $(date -Is)" | tee -a "$log"
   if [ ! -e "$EXP_DIR/runs/$i.started" ]; then
     rm -f "$result"
-    "$PYTHON" -m trainer.mlperf cache-clear --file "$result" ||
+    on_every_node "${CONTAINER[@]}" "$PYTHON" -m trainer.mlperf cache-clear --file "$result" ||
       { echo "error: could not log cache_clear to $result" | tee -a "$log"; return 1; }
     touch "$EXP_DIR/runs/$i.started"
   fi
-  export BERTCTL_RUN_INDEX=$i BERTCTL_SEED=$seed
   set +e
-  "$PYTHON" -u -m trainer --config "$EXP_DIR/run.yaml" --out "$EXP_DIR" --run-index "$BERTCTL_RUN_INDEX" --seed "$BERTCTL_SEED" 2>&1 | tee -a "$log"
+  launch_ranks "$i" "$seed" 2>&1 | tee -a "$log"
   local rc=${PIPESTATUS[0]}
   set -e
+  if [ "$rc" -eq 75 ]; then
+    requeue_run "$i" | tee -a "$log" && exit 0
+    echo "=== run $i saved a checkpoint and stopped: \`bertctl resume\` continues it, $(date -Is)" | tee -a "$log"
+    echo "$rc" > "$EXP_DIR/runs/$i.interrupted"
+    return "$rc"
+  fi
   echo "=== run $i exited with $rc, $(date -Is)" | tee -a "$log"
   echo "$rc" > "$EXP_DIR/runs/$i.exit"
   return "$rc"
 }
 
+# The runs, one after another; an interrupted run stops the loop (the machine is going away, or
+# someone asked it to stop): the rest wait for `bertctl resume`.
 failed=0
 for ((i = 0; i < NEXP; i++)); do
-  run_one "$i" || failed=$((failed + 1))
+  rc=0
+  run_one "$i" || rc=$?
+  [ "$rc" -eq 75 ] && { echo "run $i interrupted: stopping here"; exit 75; }
+  [ "$rc" -eq 0 ] || failed=$((failed + 1))
 done
 echo "$((NEXP - failed)) of $NEXP run(s) succeeded"
 [ "$failed" -eq 0 ]

@@ -121,6 +121,13 @@ class TFCheckpointSpec(Section):
     files: dict[str, FileCheck] = Field({}, description="checks of <tf_checkpoint><suffix>, e.g. '.index'")
     bert_config_file: Optional[FileCheck] = None
 
+    @model_validator(mode="after")
+    def _config_with_checkpoint(self) -> "TFCheckpointSpec":
+        if self.tf_checkpoint and not self.bert_config:
+            raise ConfigProblem("bert_config", "not set: converting the checkpoint needs its bert_config.json: "
+                                               "-o checkpoint.bert_config=PATH")
+        return self
+
 
 class OutputCheck(Section):
     samples: Optional[int] = Field(None, ge=0, description="exact number of samples")
@@ -157,6 +164,9 @@ class DatasetManifest(Section):
         for name in self.outputs:
             if not re.fullmatch(DATASET_NAME_RE, name) or name.startswith("."):
                 raise ConfigProblem("outputs", f"names are folder names (letters, digits, '_', '.', '-'), got {name!r}")
+        if self.source.kind == "text" and not self.vocab.file and not self.vocab.learn:
+            raise ConfigProblem("vocab.file", "not set: text sources need the vocabulary they are tokenized with: "
+                                              "-o vocab.file=PATH (or vocab.learn true)")
         unknown = sorted(set(self.expect.outputs) - set(self.outputs))
         if unknown:
             raise ConfigProblem("expect.outputs", f"{', '.join(unknown)} is not an output (outputs: {', '.join(self.outputs)})")

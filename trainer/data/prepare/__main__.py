@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 
 from trainer.config import PathError
-from trainer.data.prepare.errors import PrepareError
+from trainer.data.prepare.errors import PrepareError, report_failure
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -36,14 +36,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.fn(args)
     except PrepareError as e:
-        print(f"error: {e}".replace("\n", "\\n"), file=sys.stderr)
-        return e.exit_code
+        return report_failure(e.exit_code, e.path, e.what)
     except PathError as e:  # the manifest's paths use a $VARIABLE this environment does not set
-        print(f"error: {e}".replace("\n", "\\n"), file=sys.stderr)
-        return 2
+        return report_failure(2, None, str(e))
     except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        return 130
+        return report_failure(130, None, "interrupted")
 
 
 def load_plan(path: str):

@@ -133,10 +133,7 @@ def text_samples(plan: Plan, path: Path, outputs: dict[str, DatasetOutput]) -> t
 
 
 def load_wordpiece(plan: Plan) -> WordPiece:
-    vocab = plan.vocab_file
-    if vocab is None:
-        raise BadInput("vocab.file", "not set: text sources need a vocabulary")
-    return WordPiece(vocab, lower_case=plan.manifest.vocab.lower_case)
+    return WordPiece(plan.vocab_file, lower_case=plan.manifest.vocab.lower_case)  # the manifest guarantees a file
 
 
 def tokenize_documents(documents: list[Document], wordpiece: WordPiece) -> list[list[list[int]]]:
@@ -279,9 +276,7 @@ def checkpoint_task(plan: Plan) -> dict:
     output = plan.checkpoint_output
     if output is None or output.exists():
         return {"skipped": True}
-    ck = plan.manifest.checkpoint
-    if not ck.bert_config:
-        raise BadInput("checkpoint.bert_config", "not set: the converter needs bert_config.json (-o checkpoint.bert_config=PATH)")
+    ck = plan.manifest.checkpoint  # the manifest guarantees bert_config with a tf_checkpoint
     problems = input_file_problems(plan)
     if problems:
         path, what = problems[0]

@@ -1,0 +1,62 @@
+"""`bertctl data prepare|verify|list` and `bertctl convert-checkpoint`: the control-plane side.
+
+The manifest (datasets/<name>.yaml) is loaded, overridden with `-o key.path=value` and validated
+here (`manifest`); the work runs in trainer-side worker processes (`workers`), so that the control
+plane never imports torch:
+
+  locally     a pool of worker processes, stage after stage, with progress (`local`, `progress`);
+  on Slurm    one job array per stage, each depending on the previous one (`slurm_arrays`).
+
+Both run the same tasks, which write the same files.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Callable
+
+from orchestrator.data import workers
+from orchestrator.data.local import Prepared, prepare_locally
+from orchestrator.data.manifest import (
+    LoadedManifest, check_inputs, describe, find_manifest, load_manifest, manifest_files, write_manifest,
+)
+from orchestrator.data.slurm_arrays import array_groups, prepare_on_slurm, render_stage
+from orchestrator.errors import UserError
+from trainer.config import PathError, expand_path
+
+__all__ = ["LoadedManifest", "Prepared", "array_groups", "convert_checkpoint", "describe", "find_manifest",
+           "load_manifest", "manifest_files", "prepare", "render_stage", "verify"]
+
+
+def prepare(loaded: LoadedManifest, cluster: str | None = None, workers: int | None = None, force: bool = False,
+            wait: bool = False, say: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> Prepared:
+    """Build the dataset here, or on the Slurm cluster named by `cluster` (a local cluster builds here)."""
+    check_inputs(loaded)
+    slurm = None
+    if cluster is not None:
+        from orchestrator.clusters import load_cluster
+
+        slurm = load_cluster(cluster)
+        if slurm.config.executor != "slurm":
+            slurm = None
+    if slurm is None:
+        return prepare_locally(loaded, workers or os.cpu_count() or 1, force, say)
+    return prepare_on_slurm(loaded, slurm, force, wait, say)
+
+
+def verify(loaded: LoadedManifest, as_json: bool = False, stats_files: int | None = None) -> tuple[int, str]:
+    """(exit code, report): 0 when every check passes, 1 otherwise."""
+    with tempfile.TemporaryDirectory(prefix="bertctl-data-") as tmp:
+        return workers.verify(write_manifest(loaded, Path(tmp)), as_json, stats_files)
+
+
+def convert_checkpoint(tf_checkpoint: str, bert_config: str, output: str) -> str:
+    out = Path(output).expanduser().resolve()
+    try:
+        workers.convert_checkpoint(expand_path(tf_checkpoint), expand_path(bert_config), out)
+    except PathError as e:
+        raise UserError(str(e)) from None
+    return str(out)

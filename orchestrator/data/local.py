@@ -1,0 +1,132 @@
+"""Building a dataset on this machine: stage after stage, each stage's tasks on a pool of long-lived
+worker processes (`serve`), each taking the next task as it finishes one; the first failure stops all."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchestrator.data import workers
+from orchestrator.data.manifest import LoadedManifest, write_manifest
+from orchestrator.data.progress import progress_display
+
+
+@dataclass
+class Prepared:
+    root: str
+    state: str  # complete (nothing to do), built (locally), submitted (Slurm)
+    job_ids: list[str]
+    job_dir: Path | None = None
+
+
+def prepare_locally(loaded: LoadedManifest, workers_count: int, force: bool, say) -> Prepared:
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="bertctl-data-") as tmp:
+        manifest_file = write_manifest(loaded, Path(tmp))
+        plan = workers.start(manifest_file, force)
+        root = plan["root"]
+        if not plan["stages"]:
+            say(f"{loaded.config.name}: complete at {root} (bertctl data verify --dataset {loaded.config.name} checks it)")
+            return Prepared(root, "complete", [])
+        say(f"{loaded.config.name}: preparing at {root} with {workers_count} worker process(es)"
+            + (" (continuing an interrupted build)" if plan["state"] == "partial" else ""))
+        with progress_display(sys.stderr) as bar:
+            for stage in plan["stages"]:
+                StagePool(manifest_file, stage["name"], stage["tasks"], workers_count, Path(tmp)).run(bar)
+    say(summary(loaded, Path(root), time.perf_counter() - t0))
+    return Prepared(root, "built", [])
+
+
+class StagePool:
+    """The tasks of one stage on `size` worker processes, fed task indices over their stdin."""
+
+    def __init__(self, manifest_file: Path, stage: str, tasks: int, size: int, scratch: Path):
+        self.stage, self.tasks = stage, tasks
+        self.command = [sys.executable, *workers.WORKER, "serve", "--manifest", str(manifest_file), "--stage", stage]
+        self.size = min(size, tasks)
+        self.scratch = scratch
+        self.queue = list(range(tasks))
+        self.lock = threading.Lock()
+        self.failed: list[Exception] = []
+        self.procs: list[subprocess.Popen] = []
+
+    def run(self, bar) -> None:
+        bar.begin(self.stage, self.tasks)
+        # stderr to a file, not a pipe: a chatty worker must not block on a pipe nobody reads until the end
+        stderr_files = [tempfile.TemporaryFile("w+") for _ in range(self.size)]
+        error_files = [self.scratch / f"{self.stage}-worker-{i}.json" for i in range(self.size)]
+        self.procs = [subprocess.Popen(self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
+                                       text=True, env=workers.worker_env(error))
+                      for stderr, error in zip(stderr_files, error_files)]
+        try:
+            threads = [threading.Thread(target=self.drive, args=(p, s, e, bar))
+                       for p, s, e in zip(self.procs, stderr_files, error_files)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        finally:
+            self.reap()
+            for f in stderr_files:
+                f.close()
+        if self.failed:
+            raise self.failed[0]
+        bar.end(self.stage)
+
+    def next_task(self) -> int | None:
+        with self.lock:
+            return self.queue.pop(0) if self.queue and not self.failed else None
+
+    def drive(self, proc: subprocess.Popen, stderr, error_file: Path, bar) -> None:
+        while (index := self.next_task()) is not None:
+            line = self.ask(proc, index)
+            if not line:  # the worker stopped: bad input, a failure, or killed
+                proc.stdin.close()
+                code = proc.wait()
+                stderr.seek(0)
+                self.fail(workers.failure(code, workers.read_error(error_file), stderr.read(), f"{self.stage} task {index}"),
+                          proc)
+                return
+            bar.advance(self.stage, [json.loads(line)])
+        proc.stdin.close()
+
+    @staticmethod
+    def ask(proc: subprocess.Popen, index: int) -> str:
+        try:
+            proc.stdin.write(f"{index}\n")
+            proc.stdin.flush()
+            return proc.stdout.readline()
+        except (BrokenPipeError, OSError):
+            return ""
+
+    def fail(self, error: Exception, culprit: subprocess.Popen) -> None:
+        with self.lock:
+            if not self.failed:
+                self.failed.append(error)
+                for other in self.procs:
+                    if other is not culprit:
+                        other.terminate()
+
+    def reap(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    p.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+            p.stdout.close()
+
+
+def summary(loaded: LoadedManifest, root: Path, seconds: float) -> str:
+    try:
+        record = json.loads((root / "prepared.json").read_text())
+        counts = ", ".join(f"{name} {out['samples']}" for name, out in record["outputs"].items())
+    except (OSError, ValueError, KeyError):
+        counts = "?"
+    return f"{loaded.config.name}: prepared at {root} in {seconds:.1f} s (samples: {counts})"

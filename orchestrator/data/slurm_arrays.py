@@ -1,0 +1,159 @@
+"""Building a dataset on Slurm: one job array per stage, rendered from
+templates/data_prepare.sbatch.j2, each stage depending on the previous one (afterok).
+
+Every array task runs `run --stage S --group J` and, when it fails, writes its error record to
+errors/<stage>_<J>.json in the job folder (see orchestrator/data/workers.py), which is what
+`--wait` reports.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import shlex
+import shutil
+import time
+from pathlib import Path
+
+from orchestrator import __version__, resources, scheduler
+from orchestrator.data import workers
+from orchestrator.data.local import Prepared
+from orchestrator.data.manifest import LoadedManifest, write_manifest
+from orchestrator.errors import UserError, WorkFailed
+
+
+def prepare_on_slurm(loaded: LoadedManifest, cluster, force: bool, wait: bool, say) -> Prepared:
+    from orchestrator.submit import require_slurm
+
+    require_slurm()
+    job_dir = new_job_dir(loaded.config.name)
+    manifest_file = write_manifest(loaded, job_dir)
+    try:
+        plan = workers.start(manifest_file, force)
+    except BaseException:
+        shutil.rmtree(job_dir, ignore_errors=True)
+        raise
+    if not plan["stages"]:
+        shutil.rmtree(job_dir, ignore_errors=True)
+        say(f"{loaded.config.name}: complete at {plan['root']}")
+        return Prepared(plan["root"], "complete", [])
+    (job_dir / "logs").mkdir()
+    names = [s["name"] for s in plan["stages"]]
+    job_ids: list[str] = []
+    for position, stage in enumerate(plan["stages"], start=1):
+        script = render_stage(loaded, cluster, stage["name"], stage["tasks"], names, position,
+                              after=job_ids[-1] if job_ids else None)
+        path = job_dir / f"{position}-{stage['name']}.sbatch"
+        path.write_text(script)
+        job_ids.append(submit_stage(path, job_dir, cluster.config.container.kind))
+    (job_dir / "jobs.json").write_text(json.dumps({"stages": names, "job_ids": job_ids, "root": plan["root"]}, indent=1))
+    say(f"{loaded.config.name}: submitted {len(job_ids)} job array(s) ({', '.join(f'{n} {j}' for n, j in zip(names, job_ids))}); "
+        f"scripts and logs in {job_dir}")
+    if wait:
+        wait_for_jobs(job_dir, names, job_ids, say)
+        say(f"{loaded.config.name}: prepared at {plan['root']}")
+    return Prepared(plan["root"], "submitted", job_ids, job_dir)
+
+
+def new_job_dir(dataset: str) -> Path:
+    folder = resources.bertctl_home() / "data-jobs" / f"{dataset}-{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(4)}"
+    folder.mkdir(parents=True)
+    return folder
+
+
+def array_groups(total: int, max_array_tasks: int) -> tuple[int, int]:
+    """(array tasks, tasks per array task) so that there are at most `max_array_tasks` array tasks."""
+    size = max(1, -(-total // max_array_tasks))
+    return -(-total // size), size
+
+
+def render_stage(loaded: LoadedManifest, cluster, stage: str, tasks: int, stages: list[str], position: int,
+                 after: str | None) -> str:
+    """The sbatch script of one stage: a pure function of its arguments."""
+    from orchestrator.render import render_template
+
+    c = cluster.config
+    array_size, group_size = array_groups(tasks, loaded.config.prepare.array_tasks)
+    return render_template(
+        "data_prepare.sbatch.j2", version=__version__, source=loaded.source, overrides=list(loaded.overrides),
+        dataset=loaded.config.name, stage=stage, stages=stages, position=position, tasks=tasks,
+        array_size=array_size, group_size=group_size, after=after, c=c,
+        sbatch_options=data_sbatch_options(c, loaded.config.name, stage, array_size, after),
+        env=sorted(c.node.env.items()), mounts=",".join(f"{m.host}:{m.container}" for m in c.container.mounts),
+        submit_command=shlex.join(["bertctl", "data", "prepare", "--dataset", loaded.config.name, "--cluster", c.name,
+                                   *[w for o in loaded.overrides for w in ("-o", o)]]),
+    )
+
+
+def data_sbatch_options(c, dataset: str, stage: str, array_size: int, after: str | None) -> list[str]:
+    """One CPU task per array element, the cluster's partition, account, time limit and extra flags
+    (no GPUs, not exclusive)."""
+    from orchestrator.render import sbatch_lines
+
+    s = c.slurm
+    return sbatch_lines([
+        ("job-name", f"data-{dataset}-{stage}"),
+        ("array", f"0-{array_size - 1}"),
+        ("ntasks", 1),
+        ("cpus-per-task", c.resources.cpus_per_task or 1),
+        ("partition", s.partition),
+        ("account", s.account),
+        ("time", s.time_limit),
+        ("mem", s.mem if s.mem not in (None, "0") else None),
+        ("output", f"logs/{stage}_%A_%a.out"),
+        ("open-mode", "append"),
+        ("dependency", f"afterok:{after}" if after else None),
+        ("kill-on-invalid-dep", "yes" if after else None),
+    ], s.extra_sbatch)
+
+
+def submit_stage(path: Path, job_dir: Path, container: str) -> str:
+    """sbatch the stage's script. Without a container the job runs the Python that submitted it
+    (sbatch passes this environment on)."""
+    from orchestrator.submit import job_environment
+
+    try:
+        with job_environment(container):
+            return scheduler.sbatch(path, job_dir)
+    except scheduler.SchedulerError as e:
+        raise UserError(f"sbatch refused the job: {e}", where="sbatch") from None
+
+
+def wait_for_jobs(job_dir: Path, stages: list[str], job_ids: list[str], say, poll_s: float = 2.0) -> None:
+    """Until every stage's array has finished; a failed or cancelled stage is WorkFailed with its error."""
+    reported: dict[str, str] = {}
+    while True:
+        infos = scheduler.query_slurm(job_ids)
+        for stage, job in zip(stages, job_ids):
+            states = [i.state for key, i in infos.items() if key.split("_")[0] == job]
+            if not states:
+                continue
+            summary = stage_state(states)
+            if reported.get(stage) != summary:
+                reported[stage] = summary
+                say(f"  {stage} (job {job}): {summary}")
+            if summary in ("FAILED", "CANCELLED", "TIMEOUT"):
+                raise WorkFailed(f"stage {stage} (job {job}) {summary.lower()}: {first_error(job_dir, stage)}")
+        if len(reported) == len(stages) and all(v == "COMPLETED" for v in reported.values()):
+            return
+        time.sleep(poll_s)
+
+
+def stage_state(states: list) -> str:
+    values = {s.value for s in states}
+    for bad in ("FAILED", "TIMEOUT", "CANCELLED"):
+        if bad in values:
+            return bad
+    if values == {"COMPLETED"}:
+        return "COMPLETED"
+    return "RUNNING" if "RUNNING" in values or "COMPLETED" in values else "PENDING"
+
+
+def first_error(job_dir: Path, stage: str) -> str:
+    """The first failed task's error record, else where to look."""
+    for record_file in sorted((job_dir / "errors").glob(f"{stage}_*.json")):
+        record = workers.read_error(record_file)
+        if record:
+            where = f"{record['file']}: " if record.get("file") else ""
+            return f"{where}{record['message']} (log: {job_dir / 'logs'})"
+    return f"see the logs in {job_dir / 'logs'}"
