@@ -145,16 +145,16 @@ def test_an_imported_image_makes_a_named_container_that_later_steps_reuse_on_its
     script.write_text(f"""#!/bin/bash
 set -u
 IMAGE_FILE=$PWD/${{SLURM_JOB_ID}}_lm.sqsh
-srun --ntasks=1 enroot import --output "$IMAGE_FILE" '{IMAGE}' || exit 3
+srun -N1 -n1 enroot import --output "$IMAGE_FILE" '{IMAGE}' || exit 3
 # created on node1 only: a name alone works there and nowhere else
-srun -N1 -w node1 --container-image="$IMAGE_FILE" --container-name=lm true || exit 4
-srun -N1 -w node1 --container-name=lm --container-mounts={data_dir}:/workspace/data_phase2 \\
+srun -N1 -n1 -w node1 --container-image="$IMAGE_FILE" --container-name=lm true || exit 4
+srun -N1 -n1 -w node1 --container-name=lm --container-mounts={data_dir}:/workspace/data_phase2 \\
   bash -c 'echo "step2 $SLURMD_NODENAME $PYXIS_STANDIN $PYXIS_STANDIN_NAME $PYXIS_STANDIN_IMAGE"; cat /workspace/data_phase2/shard_0.txt' || exit 5
-srun -N2 --ntasks-per-node=1 --container-name=lm true && exit 6
+srun -N2 -n2 --container-name=lm true && exit 6
 # one step on every node with the image makes it everywhere; then the name alone works on both
-srun -N2 --ntasks-per-node=1 --container-image="$IMAGE_FILE" --container-name=lm true || exit 7
-srun -N2 --ntasks-per-node=1 --container-name=lm bash -c 'echo "step4 $SLURMD_NODENAME $PYXIS_STANDIN"' || exit 8
-srun -N1 -w node1 --container-name=lm:create --container-image="$IMAGE_FILE" true && exit 9
+srun -N2 -n2 --container-image="$IMAGE_FILE" --container-name=lm true || exit 7
+srun -N2 -n2 --container-name=lm bash -c 'echo "step4 $SLURMD_NODENAME $PYXIS_STANDIN"' || exit 8
+srun -N1 -n1 -w node1 --container-name=lm:create --container-image="$IMAGE_FILE" true && exit 9
 echo done
 """)
     code, output, job_id = sbatch_wait(script, tmp_path / "job.out", "-N2", "--ntasks-per-node=1")
@@ -167,6 +167,13 @@ echo done
         "step4 node1 reused", "step4 node2 reused"]
     assert 'pyxis: --container-name: "lm" already exists on node1 (flag create)' in output
     assert output.rstrip().endswith("done")
+    # the job's epilog removed its containers from the nodes' registry
+    registry = Path("/var/spool/bertctl-slurm/pyxis") / str(job_id)
+    for _ in range(100):
+        if not registry.exists():
+            break
+        time.sleep(0.1)
+    assert not registry.exists()
 
     # named containers belong to their job: a later job starts without them
     again = tmp_path / "again.sh"

@@ -11,7 +11,7 @@
  *       created earlier on this node in this job), keeps named containers in a registry
  *       SPOOL/JOBID/NODE/NAME, and exports PYXIS_STANDIN_* variables describing the container.
  *   each task (task_init_privileged, as root): a private mount namespace with every SRC
- *       bind-mounted on DST, then a chdir to the workdir, so the task sees container paths.
+ *       bind-mounted on DST; then (task_init) a chdir to the workdir: the task sees container paths.
  *   job epilog: removes the job's registry on the node.
  * There is no image and no enroot: the "container" is the host's filesystem plus the mounts.
  */
@@ -318,11 +318,17 @@ static struct spank_option options[] = {
 
 /* ---------------------------------------------------------------- plugin entry points */
 
-int slurm_spank_init(spank_t sp, int ac, char **av)
+/* plugstack.conf's arguments; every entry point gets them (the epilog runs without init). */
+static void read_plugin_args(int ac, char **av)
 {
 	for (int i = 0; i < ac; i++)
 		if (strncmp(av[i], "spool=", 6) == 0 && strlen(av[i] + 6) < sizeof(spool))
 			strcpy(spool, av[i] + 6);
+}
+
+int slurm_spank_init(spank_t sp, int ac, char **av)
+{
+	read_plugin_args(ac, av);
 	if (spank_context() == S_CTX_SLURMD || spank_context() == S_CTX_JOB_SCRIPT)
 		return 0;  /* slurmd and the epilog take no options */
 	/* registered here rather than as the spank_options symbol so sbatch/salloc see them too */
@@ -539,7 +545,7 @@ static int make_target(const struct mount_entry *m)
 	return f ? fclose(f) : -1;
 }
 
-/* Each task: its own mount namespace (private, so nothing leaks to the host), the binds, the workdir. */
+/* Each task: its own mount namespace (private, so nothing leaks to the host) and the binds. */
 int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av)
 {
 	(void)sp; (void)ac; (void)av;
@@ -561,7 +567,18 @@ int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av)
 			return -1;
 		}
 	}
-	if (args.workdir && (mkdir_p(args.workdir, 0755) < 0 || chdir(args.workdir) < 0)) {
+	if (args.workdir && mkdir_p(args.workdir, 0755) < 0) {
+		slurm_error("pyxis: --container-workdir: could not create %s: %s", args.workdir, strerror(errno));
+		return -1;
+	}
+	return 0;
+}
+
+/* The workdir is entered here, as the job user: slurmstepd returns to the job's cwd after the privileged hook. */
+int slurm_spank_task_init(spank_t sp, int ac, char **av)
+{
+	(void)sp; (void)ac; (void)av;
+	if (container_enabled() && args.workdir && chdir(args.workdir) < 0) {
 		slurm_error("pyxis: --container-workdir: could not enter %s: %s", args.workdir, strerror(errno));
 		return -1;
 	}
@@ -575,7 +592,7 @@ int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
 	struct dirent *entry;
 	DIR *d;
 
-	(void)ac; (void)av;
+	read_plugin_args(ac, av);
 	if (registry_dir(sp, dir, sizeof(dir)) < 0 || (d = opendir(dir)) == NULL)
 		return 0;
 	while ((entry = readdir(d)) != NULL)
