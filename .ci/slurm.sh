@@ -48,8 +48,9 @@ wait_until() { # wait_until SECONDS WHAT CMD...
 
 install_packages() {
   local missing=() p
-  # libslurm-dev (spank.h) and gcc build the pyxis stand-in
-  for p in munge slurmctld slurmd slurm-client slurmdbd mariadb-server libslurm-dev gcc libc6-dev; do
+  # libslurm-dev (spank.h) and gcc build the pyxis stand-in; numactl is what a container image
+  # would bring for node.binding.mem=node (stand-in tasks run the host's programs)
+  for p in munge slurmctld slurmd slurm-client slurmdbd mariadb-server libslurm-dev gcc libc6-dev numactl; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
   done
   [ ${#missing[@]} -eq 0 ] && return
@@ -320,6 +321,8 @@ usage() {
   exit 2
 }
 
+bad_arg() { say "error: $*"; exit 2; }
+
 parse_start_args() {
   while [ $# -gt 0 ]; do
     case $1 in
@@ -332,9 +335,9 @@ parse_start_args() {
       *) usage ;;
     esac
   done
-  [[ $NODES =~ ^[1-9][0-9]*$ ]] && [ "$NODES" -le 1000 ] || die "--nodes: a number from 1 to 1000, got '$NODES'"
-  [[ $GPUS =~ ^[0-9]+$ ]] && [ "$GPUS" -le 64 ] || die "--gpus-per-node: a number from 0 to 64, got '$GPUS'"
-  [[ $CPUS =~ ^[1-9][0-9]*$ ]] || die "--cpus-per-node: a number from 1, got '$CPUS'"
+  [[ $NODES =~ ^[1-9][0-9]*$ ]] && [ "$NODES" -le 1000 ] || bad_arg "--nodes: a number from 1 to 1000, got '$NODES'"
+  [[ $GPUS =~ ^[0-9]+$ ]] && [ "$GPUS" -le 64 ] || bad_arg "--gpus-per-node: a number from 0 to 64, got '$GPUS'"
+  [[ $CPUS =~ ^[1-9][0-9]*$ ]] || bad_arg "--cpus-per-node: a number from 1, got '$CPUS'"
 }
 
 case "${1:-}" in

@@ -99,6 +99,9 @@ BAD_OPTIONS = {
     "unknown mount flag": (
         [f"--container-image={IMAGE}", "--container-mounts=/tmp:/a:ro+sideways"],
         'pyxis: --container-mounts: unknown mount flag "sideways" in ro+sideways'),
+    "repeated mounts option": (
+        [f"--container-image={IMAGE}", "--container-mounts=/tmp:/a", "--container-mounts=/tmp:/b"],
+        "pyxis: --container-mounts: specified multiple times"),
     "unknown container name": (
         ["--container-name=never_created"],
         'pyxis: --container-name: no container "never_created" on node1 in this job, and no --container-image to create it'),

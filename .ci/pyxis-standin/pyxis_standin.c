@@ -190,15 +190,11 @@ static int opt_mounts(int val, const char *optarg, int remote)
 	int rc = 0;
 
 	(void)val; (void)remote;
+	/* pyxis adds up repeated --container-mounts; the stand-in wants them in one option */
 	if (args.mounts_text != NULL && optarg != NULL && strcmp(args.mounts_text, optarg) == 0)
-		return 0;  /* the same value handed over again */
-	if (optarg == NULL || *optarg == '\0') {
-		slurm_error("pyxis: --container-mounts: argument required");
+		return 0;  /* the same value handed over again: parsed already */
+	if (set_once(&args.mounts_text, "container-mounts", optarg) < 0)
 		return -1;
-	}
-	free(args.mounts_text);
-	args.mounts_text = strdup(optarg);
-	args.nmounts = 0;
 	rest = copy = strdup(optarg);
 	while (rc == 0 && (entry = strsep(&rest, ",")) != NULL)
 		rc = parse_mount(entry);
