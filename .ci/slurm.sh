@@ -198,6 +198,7 @@ register_standin() {
   if grep -lsE '^[^#]*(spank_pyxis|pyxis)\.so' "$ETC"/plugstack.conf "$ETC"/plugstack.conf.d/*.conf |
       grep -qvx "$STANDIN_CONF"; then
     say "a real pyxis is registered in $ETC/plugstack.conf*: the stand-in stays out"
+    rm -f "$STANDIN_CONF"
     return
   fi
   grep -qsx 'include /etc/slurm/plugstack.conf.d/\*.conf' "$ETC/plugstack.conf" ||
