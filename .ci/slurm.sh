@@ -159,8 +159,9 @@ start_accounting() {
     remember mariadbd "$(pid_in /run/mysqld/mysqld.pid)"
   fi
   # Fresh controller state restarts job ids at 1: old accounting rows would then answer for new
-  # jobs with the same ids, so the database starts fresh with the controller.
-  if [ ! -e "$SPOOL/ctld/job_state" ]; then
+  # jobs with the same ids, so the database starts fresh with the controller. (A running
+  # controller may not have saved its job_state yet: its ids and the database go on.)
+  if [ ! -e "$SPOOL/ctld/job_state" ] && ! running $RUN/slurmctld.pid slurmctld; then
     running $RUN/slurmdbd.pid slurmdbd && { kill "$(pid_in $RUN/slurmdbd.pid)"; sleep 1; forget slurmdbd; }
     mysql -u root -e "DROP DATABASE IF EXISTS $DB"
   fi
