@@ -1,24 +1,32 @@
 #!/usr/bin/env bash
 # A real Slurm 22.05 cluster on this one Debian 12 host, for bertctl's integration tests.
 #
-#   bash .ci/slurm.sh start    install (apt) if needed, then start munged, MariaDB + slurmdbd,
-#                              slurmctld and one slurmd per node; waits until sacct answers
+#   bash .ci/slurm.sh start [--nodes N] [--gpus-per-node G] [--cpus-per-node C]
+#        install (apt) if needed, then start munged, MariaDB + slurmdbd, slurmctld and one slurmd
+#        per node; waits until every node is idle and sacct answers. Defaults: 2 nodes x 8 fake
+#        GPUs x 4 CPUs (or SLURM_NODES, SLURM_GPUS, SLURM_CPUS). A cluster running in another
+#        shape is restarted in the new one, its controller state and job ids starting afresh.
 #   bash .ci/slurm.sh stop     cancel our jobs, then stop only the daemons this script started
 #   bash .ci/slurm.sh status   one line per daemon
 #
-# Two nodes (node1, node2) on 127.0.0.1 with 4 CPUs and 8 fake GPUs each (character devices with
-# /dev/null's numbers), one partition "debug", accounting through slurmdbd so `sacct` works.
-# Must run as root; no systemd needed. Settings: SLURM_NODES, SLURM_CPUS, SLURM_GPUS.
+# Nodes node1..nodeN all run on 127.0.0.1 (Debian's build supports several slurmd per host: one
+# port and spool each); the fake GPUs are character devices with /dev/null's numbers; one
+# partition "debug" holds every node; accounting goes through slurmdbd so `sacct` works. Jobs get
+# a pyxis stand-in (a SPANK plugin built here) and an enroot stand-in: .ci/pyxis-standin/README.md.
+# Must run as root; no systemd needed.
 set -euo pipefail
 
 NODES=${SLURM_NODES:-2}
 CPUS=${SLURM_CPUS:-4}
 GPUS=${SLURM_GPUS:-8}
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ETC=/etc/slurm
 RUN=/run/slurm
 SPOOL=/var/spool/bertctl-slurm
 LOGS=/var/log/slurm
 FAKEGPU=/var/lib/bertctl-fakegpu
+STANDIN_LIB=/usr/local/lib/bertctl-slurm        # the compiled pyxis stand-in and its source
+STANDIN_CONF=$ETC/plugstack.conf.d/bertctl-pyxis-standin.conf
 PIDS=${BERTCTL_SLURM_PIDS:-/run/bertctl-slurm.pids}   # "name pid" of every daemon we started
 DB=slurm_acct_db
 
@@ -29,6 +37,7 @@ pid_in() { [ -s "$1" ] && tr -dc 0-9 <"$1" || true; }
 # running PIDFILE NAME: the pid file names a live process that is that daemon (pids get recycled)
 running() { local pid; pid=$(pid_in "$1"); alive "$pid" && [[ "$(cat "/proc/$pid/comm" 2>/dev/null)" == "$2"* ]]; }
 remember() { echo "$1 $2" >>"$PIDS"; }
+forget() { [ -s "$PIDS" ] && sed -i "/^$1 /d" "$PIDS" || true; }   # forget NAME: a daemon now gone
 wait_until() { # wait_until SECONDS WHAT CMD...
   local end=$(($(date +%s) + $1)) what=$2; shift 2
   until "$@" >/dev/null 2>&1; do
@@ -39,7 +48,9 @@ wait_until() { # wait_until SECONDS WHAT CMD...
 
 install_packages() {
   local missing=() p
-  for p in munge slurmctld slurmd slurm-client slurmdbd mariadb-server; do
+  # libslurm-dev (spank.h) and gcc build the pyxis stand-in; numactl is what a container image
+  # would bring for node.binding.mem=node (stand-in tasks run the host's programs)
+  for p in munge slurmctld slurmd slurm-client slurmdbd mariadb-server libslurm-dev gcc libc6-dev numactl; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
   done
   [ ${#missing[@]} -eq 0 ] && return
@@ -148,9 +159,10 @@ start_accounting() {
     remember mariadbd "$(pid_in /run/mysqld/mysqld.pid)"
   fi
   # Fresh controller state restarts job ids at 1: old accounting rows would then answer for new
-  # jobs with the same ids, so the database starts fresh with the controller.
-  if [ ! -e "$SPOOL/ctld/job_state" ]; then
-    running $RUN/slurmdbd.pid slurmdbd && { kill "$(pid_in $RUN/slurmdbd.pid)"; sleep 1; }
+  # jobs with the same ids, so the database starts fresh with the controller. (A running
+  # controller may not have saved its job_state yet: its ids and the database go on.)
+  if [ ! -e "$SPOOL/ctld/job_state" ] && ! running $RUN/slurmctld.pid slurmctld; then
+    running $RUN/slurmdbd.pid slurmdbd && { kill "$(pid_in $RUN/slurmdbd.pid)"; sleep 1; forget slurmdbd; }
     mysql -u root -e "DROP DATABASE IF EXISTS $DB"
   fi
   mysql -u root -e "CREATE DATABASE IF NOT EXISTS $DB;
@@ -163,10 +175,81 @@ start_accounting() {
   fi
 }
 
+# ---- the pyxis and enroot stand-ins (.ci/pyxis-standin/README.md)
+
+# Compiled again whenever its source differs from the one the installed plugin was built from.
+build_standin() {
+  local src=$HERE/pyxis-standin/pyxis_standin.c
+  if ! cmp -s "$src" "$STANDIN_LIB/pyxis_standin.c" || [ ! -s "$STANDIN_LIB/pyxis_standin.so" ]; then
+    mkdir -p "$STANDIN_LIB"
+    gcc -shared -fPIC -O2 -Wall -Wextra -Werror -o "$STANDIN_LIB/pyxis_standin.so.new" "$src" ||
+      die "could not compile the pyxis stand-in $src"
+    # a rename, so running sruns and slurmstepds keep the file they loaded
+    mv "$STANDIN_LIB/pyxis_standin.so.new" "$STANDIN_LIB/pyxis_standin.so"
+    cp "$src" "$STANDIN_LIB/pyxis_standin.c"
+    say "built the pyxis stand-in $STANDIN_LIB/pyxis_standin.so"
+  fi
+  mkdir -p "$SPOOL/pyxis"
+}
+
+# Sets PLUGSTACK_CHANGED=1 when the plugin stack changed: slurmd only learns of SPANK hooks at start.
+PLUGSTACK_CHANGED=0
+register_standin() {
+  local line="required $STANDIN_LIB/pyxis_standin.so spool=$SPOOL/pyxis"
+  if grep -lsE '^[^#]*(spank_pyxis|pyxis)\.so' "$ETC"/plugstack.conf "$ETC"/plugstack.conf.d/*.conf |
+      grep -qvx "$STANDIN_CONF"; then
+    say "a real pyxis is registered in $ETC/plugstack.conf*: the stand-in stays out"
+    rm -f "$STANDIN_CONF"
+    return
+  fi
+  grep -qsx 'include /etc/slurm/plugstack.conf.d/\*.conf' "$ETC/plugstack.conf" ||
+    die "$ETC/plugstack.conf does not include plugstack.conf.d/*.conf (Debian's default): cannot register the pyxis stand-in"
+  mkdir -p "$(dirname "$STANDIN_CONF")"
+  if [ "$(cat "$STANDIN_CONF" 2>/dev/null)" != "$line" ]; then
+    echo "$line" >"$STANDIN_CONF"
+    PLUGSTACK_CHANGED=1
+  fi
+}
+
+# Only where no real enroot exists: ours carries a marker line.
+install_enroot_standin() {
+  local have; have=$(command -v enroot || true)
+  if [ -z "$have" ] || grep -qs bertctl-enroot-standin "$have"; then
+    cmp -s "$HERE/pyxis-standin/enroot" /usr/local/bin/enroot ||
+      install -m 0755 "$HERE/pyxis-standin/enroot" /usr/local/bin/enroot
+  fi
+}
+
+# ---- the cluster's shape: N nodes x G GPUs x C CPUs
+
+shape() { echo "nodes=$NODES gpus=$GPUS cpus=$CPUS"; }
+
+# A different shape means a new slurm.conf for slurmctld and every slurmd, and the old controller
+# and node state (nodes that no longer exist, job ids, named containers) must not carry over.
+reshape_if_needed() {
+  local was; was=$(cat "$SPOOL/shape" 2>/dev/null || true)
+  [ "$was" = "$(shape)" ] && return
+  if running $RUN/slurmctld.pid slurmctld; then
+    grep -qs "^slurmctld $(pid_in $RUN/slurmctld.pid)\$" "$PIDS" ||
+      die "a cluster (${was:-of unknown shape}) runs that this pid file ($PIDS) did not start: stop it first"
+    say "reshaping: ${was:-unknown} -> $(shape)"
+    cancel_all_jobs
+    stop_daemons slurmd slurmctld
+  fi
+  rm -rf "$SPOOL/ctld" "$SPOOL/d" "$SPOOL/pyxis"
+  mkdir -p "$SPOOL"
+  shape >"$SPOOL/shape"
+}
+
 nodes_idle() {
   local states
   states=$(sinfo -h -N -o '%N %T' | sort -u) || return 1
   [ "$(wc -l <<<"$states")" -eq "$NODES" ] && ! grep -qvE ' (idle|mixed|allocated|completing)$' <<<"$states"
+}
+
+all_pid_files() { # all_pid_files N...: every listed node's slurmd wrote its pid file
+  local n
+  for n; do [ -s "$RUN/slurmd-node$n.pid" ] || return 1; done
 }
 
 start_slurm() {
@@ -175,56 +258,111 @@ start_slurm() {
     wait_until 30 slurmctld scontrol ping
     remember slurmctld "$(pid_in $RUN/slurmctld.pid)"
   fi
-  local n
+  # every missing slurmd at once (each daemonizes), then wait for all of them
+  local n started=()
   for ((n = 1; n <= NODES; n++)); do
     running "$RUN/slurmd-node$n.pid" slurmd && continue
+    rm -f "$RUN/slurmd-node$n.pid"
     mkdir -p "$SPOOL/d/node$n"
     slurmd -N "node$n"
-    wait_until 10 "slurmd node$n" test -s "$RUN/slurmd-node$n.pid"
-    remember "slurmd-node$n" "$(pid_in "$RUN/slurmd-node$n.pid")"
+    started+=("$n")
   done
+  if [ ${#started[@]} -gt 0 ]; then
+    wait_until $((10 + NODES / 4)) "slurmd on ${#started[@]} node(s)" all_pid_files "${started[@]}"
+    for n in "${started[@]}"; do remember "slurmd-node$n" "$(pid_in "$RUN/slurmd-node$n.pid")"; done
+  fi
   # a node drained by an earlier bad configuration stays drained until resumed
   sinfo -h -N -o '%T' | grep -qE 'drain|down' && scontrol update nodename="node[1-$NODES]" state=resume || true
-  wait_until 60 "nodes to become idle" nodes_idle
+  wait_until $((60 + NODES)) "nodes to become idle" nodes_idle
   wait_until 60 "the cluster to register in slurmdbd" bash -c 'sacctmgr -n -P list cluster format=cluster | grep -qx bertctlci'
   wait_until 30 sacct sacct -n -X
 }
 
-stop_all() {
-  if scontrol ping >/dev/null 2>&1; then
-    # job processes outlive slurmd: cancel everything before the daemons go
-    local ids; ids=$(squeue -h -o %A | tr '\n' ' ')
-    if [ -n "${ids// /}" ]; then
-      scancel $ids || true
-      for _ in $(seq 100); do [ -z "$(squeue -h -o %A)" ] && break; sleep 0.1; done
-    fi
+# ---- stopping
+
+cancel_all_jobs() {
+  scontrol ping >/dev/null 2>&1 || return 0
+  # job processes outlive slurmd: cancel everything before the daemons go
+  local ids; ids=$(squeue -h -o %A | tr '\n' ' ')
+  if [ -n "${ids// /}" ]; then
+    scancel $ids || true
+    for _ in $(seq 100); do [ -z "$(squeue -h -o %A)" ] && break; sleep 0.1; done
   fi
-  [ -s "$PIDS" ] || { say "nothing to stop"; return; }
-  local order name pid
-  for order in slurmd slurmctld slurmdbd mariadbd munged; do
+}
+
+# stop_daemons KIND...: the daemons of each kind that the pid file names, all of a kind at once
+stop_daemons() {
+  local kind name pid victims
+  [ -s "$PIDS" ] || return 0
+  for kind; do
+    victims=()
     while read -r name pid; do
-      [[ $name == "$order"* ]] || continue
+      [[ $name == "$kind" || $name == "$kind"-* ]] || continue   # slurmd-node3 is a slurmd
       # never signal a recycled pid: the process must still be the daemon we started
-      [[ "$(cat "/proc/$pid/comm" 2>/dev/null)" == "${order}"* ]] || continue
-      kill "$pid"
+      [ "$(cat "/proc/$pid/comm" 2>/dev/null)" = "$kind" ] && kill "$pid" && victims+=("$name:$pid")
+    done <"$PIDS"
+    for victim in "${victims[@]}"; do
+      name=${victim%%:*} pid=${victim##*:}
       for _ in $(seq 150); do alive "$pid" || break; sleep 0.1; done
       alive "$pid" && kill -9 "$pid"
       say "stopped $name ($pid)"
-    done <"$PIDS"
+    done
+    sed -i -E "/^$kind(-[^ ]*)? /d" "$PIDS"
   done
+}
+
+stop_all() {
+  cancel_all_jobs
+  [ -s "$PIDS" ] || { say "nothing to stop"; return; }
+  stop_daemons slurmd slurmctld slurmdbd mariadbd munged
   rm -f "$PIDS"
+}
+
+usage() {
+  echo "usage: bash .ci/slurm.sh start [--nodes N] [--gpus-per-node G] [--cpus-per-node C] | stop | status" >&2
+  exit 2
+}
+
+bad_arg() { say "error: $*"; exit 2; }
+
+parse_start_args() {
+  while [ $# -gt 0 ]; do
+    case $1 in
+      --nodes) NODES=${2:-}; shift 2 || usage ;;
+      --gpus-per-node) GPUS=${2:-}; shift 2 || usage ;;
+      --cpus-per-node) CPUS=${2:-}; shift 2 || usage ;;
+      --nodes=*) NODES=${1#*=}; shift ;;
+      --gpus-per-node=*) GPUS=${1#*=}; shift ;;
+      --cpus-per-node=*) CPUS=${1#*=}; shift ;;
+      *) usage ;;
+    esac
+  done
+  [[ $NODES =~ ^[1-9][0-9]*$ ]] && [ "$NODES" -le 1000 ] || bad_arg "--nodes: a number from 1 to 1000, got '$NODES'"
+  [[ $GPUS =~ ^[0-9]+$ ]] && [ "$GPUS" -le 64 ] || bad_arg "--gpus-per-node: a number from 0 to 64, got '$GPUS'"
+  [[ $CPUS =~ ^[1-9][0-9]*$ ]] || bad_arg "--cpus-per-node: a number from 1, got '$CPUS'"
 }
 
 case "${1:-}" in
   start)
+    shift
+    parse_start_args "$@"
     [ "$(id -u)" = 0 ] || die "must run as root (it installs packages and starts daemons)"
     t0=$(date +%s%N)
     install_packages
+    reshape_if_needed
+    build_standin
+    install_enroot_standin
+    register_standin
+    if [ $PLUGSTACK_CHANGED = 1 ] && running $RUN/slurmctld.pid slurmctld; then
+      say "the plugin stack changed: restarting slurmctld and slurmd"
+      cancel_all_jobs
+      stop_daemons slurmd slurmctld
+    fi
     write_configs
     start_munge
     start_accounting
     start_slurm
-    say "cluster ready: $(sinfo -h -N -o '%N=%T' | sort -u | tr '\n' ' ')in $(( ($(date +%s%N) - t0) / 1000000 )) ms"
+    say "cluster ready: $NODES node(s) x $GPUS GPU(s) x $CPUS CPU(s) in $(( ($(date +%s%N) - t0) / 1000000 )) ms"
     ;;
   stop) stop_all ;;
   status)
@@ -234,5 +372,5 @@ case "${1:-}" in
       done <"$PIDS"
     else echo "no daemons started by .ci/slurm.sh"; fi
     ;;
-  *) echo "usage: bash .ci/slurm.sh start|stop|status" >&2; exit 2 ;;
+  *) usage ;;
 esac
