@@ -21,6 +21,8 @@ from trainer.config import REQUEUE_EXIT_CODE
 
 ERROR_LINE = re.compile(r"(?i)(error|exception|traceback|no such file|not found|killed|denied|unbound variable)")
 SRUN_PREFIX = re.compile(r"^\s*\d+: ")
+# Slurm's own lines; with several slurmd on a host they read `slurmstepd-node1: error: ...`
+SCHEDULER_LINE = re.compile(r"^(srun|slurmstepd(-[\w.-]+)?): ")
 
 
 @dataclass
@@ -183,7 +185,7 @@ def _telling_line(path: Path) -> str | None:
     errors = [line for line in lines if ERROR_LINE.search(line)]
     # srun's own summary ("srun: error: node1: tasks 0-1: Exited with exit code 1") says less
     # than the task's message that caused it
-    own = [line for line in errors if not line.startswith(("srun: ", "slurmstepd: "))]
+    own = [line for line in errors if not SCHEDULER_LINE.match(line)]
     return (own or errors or lines or [None])[-1]
 
 

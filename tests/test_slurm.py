@@ -71,7 +71,8 @@ def test_nexp3_goes_from_pending_or_running_to_completed_with_distinct_seeds(ber
         assert {r["seed"] for r in probe_reports(exp_dir / "logs" / f"run_{run}.log")} == {run}
         assert (exp_dir / "results" / f"result_{run}.txt").read_text().count('"key": "cache_clear"') == 2  # one per node
     # what sbatch ran is what --dry-run prints, byte for byte
-    submitted = next((exp_dir / "submitit").glob("*_submission.sh")).read_text()
+    job = json.loads(run_bertctl("status", exp_id, "--json").out)["experiments"][0]["job_ids"][0]
+    submitted = subprocess.run(["scontrol", "write", "batch_script", job, "-"], capture_output=True, text=True).stdout
     dry_run = run_bertctl("submit", "--cluster", "ci_slurm", "--probe", "--nexp", "3", "--dry-run").out
     assert submitted == dry_run == (exp_dir / "job.sbatch").read_text()
     # logs -f of a finished run prints it and returns
