@@ -25,6 +25,7 @@ demo: env
 	$(BIN)/bertctl submit --cluster local --nexp 2 --follow
 
 test: env
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
 
 # regenerate tests/golden/ after an intended change to templates or cluster files (then read the diff)

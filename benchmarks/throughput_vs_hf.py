@@ -23,7 +23,8 @@ import time
 import numpy as np
 import torch
 import transformers
-from transformers import BertConfig, BertForPreTraining as HFBert
+from transformers import BertConfig
+from transformers import BertForPreTraining as HFBert
 
 from trainer.config import ModelConfig
 from trainer.data.batch import collate

@@ -15,7 +15,6 @@ from typing import Annotated, Any, Literal, Optional
 from pydantic import AfterValidator, Field, ValidationError, model_validator
 
 from orchestrator import configfile, resources
-from orchestrator.errors import UserError
 from trainer.config import ConfigProblem, DataConfig, OptimConfig, RunConfig, RuntimeConfig, Section, TrainConfig, first_problem
 
 

@@ -60,7 +60,10 @@ def show(exp: Experiment, run: int | None, rank: int | None, follow: bool, out: 
 
 def follow_step(exp: Experiment, step: str, out: TextIO) -> None:
     """Stream a preparatory step's log (logs/STEP.log) until runs/STEP.exit appears or the job is over."""
-    done = lambda: (exp.path / "runs" / f"{step}.exit").exists() or status.collect([exp])[0].state.finished
+
+    def done() -> bool:
+        return (exp.path / "runs" / f"{step}.exit").exists() or status.collect([exp])[0].state.finished
+
     follow_file(exp.path / "logs" / f"{step}.log", done, rank_filter(None), out)
 
 

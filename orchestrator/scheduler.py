@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
-
 class State(str, enum.Enum):
     PENDING = "PENDING"
     RUNNING = "RUNNING"

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import yaml
 
-from orchestrator import experiments, render as rendering, scheduler
+from orchestrator import experiments, scheduler
+from orchestrator import render as rendering
 from orchestrator.clusters import LoadedCluster
 from orchestrator.errors import UserError
 from orchestrator.experiments import Experiment

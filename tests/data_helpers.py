@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 
 import numpy as np
-
 from conftest import REPO
+
 from trainer.data.layout import Shard
 
 _SAMPLE_HOME: Path | None = None

@@ -3,9 +3,10 @@
 import copy
 
 import yaml
-from hypothesis import HealthCheck, given, settings, strategies as st
-
 from conftest import run_cli
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from orchestrator.clusters import load_cluster
 
 VALID = yaml.safe_load(load_cluster("ci_slurm").path.read_text())

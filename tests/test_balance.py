@@ -7,8 +7,8 @@ import sys
 import numpy as np
 import pytest
 import torch
-
 from synthetic import make_sample, train_data, write_dataset
+
 from trainer.balance import bin_of, deal_order, pack_histogram, pack_sequences, quotas_from_counts
 from trainer.data.batch import collate
 from trainer.data.histogram import wikipedia_histogram

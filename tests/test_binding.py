@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from fake_node import GPUS, IB_DEVICES, dgx_a100, gpu_uuid
+
 from trainer.binding import Policy, applied, describe, plan_rank
 from trainer.topology import format_cpu_list, parse_cpu_list, read_topology
 

@@ -3,10 +3,8 @@
 import os
 import subprocess
 import sys
-import time
-from pathlib import Path
 
-from conftest import REPO, run_bertctl, run_cli
+from conftest import REPO, run_cli
 
 
 def test_help_is_instant_and_imports_no_torch():

@@ -1,8 +1,8 @@
 """Cluster files: every shipped one is valid and carries the reference's values; bad input is one line."""
 
 import pytest
-
 from conftest import run_cli
+
 from orchestrator.clusters import cluster_files, load_cluster
 from orchestrator.errors import UserError
 

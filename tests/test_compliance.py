@@ -9,9 +9,8 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 import mllog_factory as f
+import pytest
 from conftest import REPO, run_cli
 
 CONTRACT = {"runs", "division", "ruleset", "score_minutes", "rcp", "passed"}

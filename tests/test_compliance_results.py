@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import run_cli
+
 from orchestrator import resultset, verdict
 
 DATA = Path(__file__).parent / "data" / "mlperf-results" / "v1.1"

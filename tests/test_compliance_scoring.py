@@ -3,9 +3,9 @@
 import subprocess
 import sys
 
+import mllog_factory as f
 import pytest
 
-import mllog_factory as f
 from orchestrator import scoring
 
 

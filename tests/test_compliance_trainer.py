@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import REPO, run_cli
+
 from orchestrator import experiments
 from orchestrator.clusters import load_cluster
 from orchestrator.experiments import Experiment
@@ -32,6 +32,7 @@ def trained(tmp_path_factory) -> Path:
     if importlib.util.find_spec("trainer.train") is None:
         pytest.fail("trainer not available yet")
     from synthetic import tiny_run_config
+
     from trainer.mlperf import log_cache_clear
 
     tmp = tmp_path_factory.mktemp("trained")

@@ -8,8 +8,8 @@ import sys
 import numpy as np
 import pytest
 import torch
-
 from conftest import REPO, run_cli
+
 from trainer.convert_checkpoint import convert
 from trainer.data.prepare.errors import BadInput
 from trainer.tf_checkpoint import TFCheckpoint

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import GOLDEN, REPO, run_cli
 from data_helpers import SMALL, bertctl, digests, worker
+
 from orchestrator import data
 from orchestrator.clusters import load_cluster
 from trainer.config import DatasetManifest

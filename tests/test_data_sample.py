@@ -6,8 +6,8 @@ import time
 
 import numpy as np
 import pytest
-
 from data_helpers import SMALL, all_samples, bertctl, digests, sample_home
+
 from trainer.data.layout import Shard, shard_files
 from trainer.data.prepare.textfile import read_documents
 from trainer.data.prepare.vocab import read_vocab
@@ -85,8 +85,9 @@ def test_the_eval_set_comes_from_held_out_documents(root):
 
 
 def test_the_trainer_reads_what_the_pipeline_wrote(root):
-    from trainer.data.batch import collate
     from synthetic import train_data
+
+    from trainer.data.batch import collate
     from trainer.data.dataset import training_files
     from trainer.evaluate import read_eval_samples
 

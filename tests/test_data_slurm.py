@@ -3,8 +3,8 @@
 import json
 
 import pytest
-
 from data_helpers import all_samples, bertctl, digests, same_samples, sample_home
+
 from trainer.data.layout import shard_files
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm")]

@@ -7,8 +7,8 @@ import sys
 
 import numpy as np
 import pytest
-
 from conftest import REPO
+
 from trainer.data.prepare import bins, eval_pick
 from trainer.data.prepare.errors import BadInput
 from trainer.data.prepare.instances import document_pairs, trim_pair

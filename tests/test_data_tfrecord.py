@@ -8,9 +8,9 @@ import sys
 import numpy as np
 import pytest
 import yaml
-
 from conftest import REPO
 from data_helpers import all_samples, as_key, bertctl, same_samples, worker
+
 from trainer.data.layout import Sample, Shard, shard_files
 from trainer.data.prepare import tfrecord
 from trainer.data.prepare.errors import BadInput

@@ -2,8 +2,8 @@
 
 import numpy as np
 import pytest
-
 from synthetic import train_data, write_dataset
+
 from trainer.data.dataset import DataError, training_files
 from trainer.data.layout import Shard, write_shard
 

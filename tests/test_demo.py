@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import run_bertctl
 
 MAIN_JOB = ["submit", "--cluster", "local", "--nexp", "2", "--follow"]  # the README's main job, word for word

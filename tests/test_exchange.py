@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-
 from gloo import run_ranks
 from synthetic import make_sample
+
 from trainer.config import BalanceConfig, DataConfig, OptimConfig
 from trainer.data.layout import Sample
 from trainer.exchange import Exchange
@@ -86,8 +86,8 @@ def test_bucket_clipping_bounds_the_reduced_gradient_and_counts_buckets_at_run_t
 def test_bucket_clipping_with_one_bucket_equals_whole_model_local_clipping():
     norm, buckets, reduced, local = run_ranks(bucket_clip_on_rank, 2, 100.0, 1.0)[0]
     assert buckets == 1
-    for r, l in zip(reduced, local):
-        np.testing.assert_allclose(r, l, rtol=1e-5, atol=1e-7)
+    for r, mine in zip(reduced, local):
+        np.testing.assert_allclose(r, mine, rtol=1e-5, atol=1e-7)
 
 
 def trainer_losses(tmp_path, world, exchange, group_size=2):
@@ -125,6 +125,7 @@ def test_warm_up_leaves_model_optimizer_data_and_rng_untouched(tmp_path, monkeyp
 
     from gloo import free_port
     from synthetic import tiny_run_config
+
     from trainer import distributed
     from trainer.checkpoint import rng_state
     from trainer.config import load_run_config

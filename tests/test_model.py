@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from transformers import BertConfig, BertForPreTraining as HFBert
+from transformers import BertConfig
+from transformers import BertForPreTraining as HFBert
 
 from trainer.config import ModelConfig
 from trainer.data.batch import collate

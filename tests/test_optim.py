@@ -8,21 +8,20 @@ import types
 import typing
 
 import pytest
+import test_train as launched  # the trainer as the launcher runs it, and the official checker
 import torch
 import yaml
 from madgrad import MADGRAD
+from synthetic import tiny_run_config
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import test_train as launched  # the trainer as the launcher runs it, and the official checker
 from orchestrator.clusters import load_cluster
-from synthetic import tiny_run_config
 from trainer.checkpoint import write_model
 from trainer.config import ModelConfig, OptimConfig
 from trainer.gradients import clip_, global_norm
 from trainer.mlperf import log_cache_clear
 from trainer.model import BertForPreTraining
-from trainer.optim import (ACClip, Lamb, build_optimizer, learning_rate, parameter_groups, set_learning_rate,
-                           take_step)
+from trainer.optim import ACClip, Lamb, build_optimizer, learning_rate, parameter_groups, set_learning_rate, take_step
 
 
 def reference_lamb(params, grads_per_step, lr, wds, betas=(0.9, 0.999), eps=1e-6):

@@ -4,10 +4,10 @@ import json
 import re
 from pathlib import Path
 
-import pytest
-
 import mllog_factory as f
+import pytest
 from conftest import REPO, run_cli
+
 from orchestrator import package, scoring
 from orchestrator.clusters import cluster_files, load_cluster
 from orchestrator.errors import UserError

@@ -2,10 +2,10 @@
 
 from pathlib import Path
 
-import pytest
-
 import mllog_factory as f
+import pytest
 from conftest import run_cli
+
 from orchestrator import plot, resultset
 from orchestrator.results import summarize
 

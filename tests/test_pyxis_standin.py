@@ -7,7 +7,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO
 
 ENROOT = REPO / ".ci" / "pyxis-standin" / "enroot"

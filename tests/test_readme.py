@@ -6,7 +6,6 @@ import re
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, run_bertctl
 from test_demo import MAIN_JOB
 

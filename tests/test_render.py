@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from conftest import GOLDEN, run_cli
+
 from orchestrator.clusters import load_cluster
 from orchestrator.render import render
 from trainer.config import RunConfig
@@ -91,7 +91,7 @@ def hostile_samsung(tmp_path: Path) -> Path:
     raw["node"]["env"]["HOSTILE"] = HOSTILE_NL
     raw["run"]["data"]["train_dir"] = HOSTILE_NL
     raw["run"]["mlperf"]["org"] = HOSTILE_NL
-    path = tmp_path / f"dir with 'quotes' and $(touch PWNED)" / "hostile.yaml"
+    path = tmp_path / "dir with 'quotes' and $(touch PWNED)" / "hostile.yaml"
     path.parent.mkdir()
     path.write_text(yaml.safe_dump(raw))
     return path

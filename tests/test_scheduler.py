@@ -3,9 +3,8 @@
 import pytest
 
 from orchestrator import scheduler
-from orchestrator.scheduler import State
+from orchestrator.scheduler import JobInfo, State
 from orchestrator.status import overall_state, run_state
-from orchestrator.scheduler import JobInfo
 
 
 @pytest.mark.parametrize("raw,state", [

@@ -10,10 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import run_bertctl
-from orchestrator.clusters import load_cluster
-from orchestrator.render import render
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm")]
 

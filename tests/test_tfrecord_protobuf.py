@@ -10,12 +10,13 @@ import sys
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
-
 import tfrecord_hand_parser as hand
 from conftest import REPO
 from data_helpers import worker
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from test_data_tfrecord import random_samples
+
 from trainer.data.prepare import tfrecord
 from trainer.data.prepare.errors import BadInput
 

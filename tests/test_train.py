@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from synthetic import tiny_run_config
 
-from synthetic import tiny_run_config, write_dataset
 from trainer.mlperf import log_cache_clear
 
 REPO = Path(__file__).resolve().parent.parent

@@ -16,7 +16,6 @@ from trainer.data.prepare import protowire as pw
 from trainer.data.prepare.errors import BadInput
 from trainer.data.prepare.tfrecord import read_records, sample_from_features
 
-
 # ---- decoding (the old trainer/data/prepare/tfrecord.read_samples and parse_example)
 
 def read_samples(path, max_seq_length: int, max_predictions: int) -> Iterator[Sample]:

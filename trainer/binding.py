@@ -33,8 +33,17 @@ from pathlib import Path
 
 from trainer.dist_env import detect
 from trainer.topology import (
-    Gpu, NoLocality, PciPlace, Topology, cuda_devices, format_cpu_list, gpu_place, ib_place, nvidia_gpus,
-    parse_cpu_list, read_topology,
+    Gpu,
+    NoLocality,
+    PciPlace,
+    Topology,
+    cuda_devices,
+    format_cpu_list,
+    gpu_place,
+    ib_place,
+    nvidia_gpus,
+    parse_cpu_list,
+    read_topology,
 )
 
 PLAN_VARIABLE = "BERTCTL_BINDING"

@@ -27,7 +27,6 @@ import argparse
 import json
 import math
 import re
-import sys
 from pathlib import Path
 
 import numpy as np

@@ -12,7 +12,6 @@ import torch.distributed as dist
 from trainer.config import RunConfig
 from trainer.dist_env import DistEnv, detect
 
-
 _group_created = False  # set once this process has joined a process group (see exit_process)
 
 

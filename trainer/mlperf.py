@@ -16,8 +16,8 @@ import re
 import sys
 from pathlib import Path
 
-from mlperf_logging.mllog import mllog
 from mlperf_logging.mllog import constants as K
+from mlperf_logging.mllog import mllog
 
 # Two call frames sit between the caller and mllog: the public method and `_emit`.
 _STACK_OFFSET = 3

@@ -21,7 +21,13 @@ from typing import Callable
 from orchestrator.data import workers
 from orchestrator.data.local import Prepared, prepare_locally
 from orchestrator.data.manifest import (
-    LoadedManifest, check_inputs, describe, find_manifest, load_manifest, manifest_files, write_manifest,
+    LoadedManifest,
+    check_inputs,
+    describe,
+    find_manifest,
+    load_manifest,
+    manifest_files,
+    write_manifest,
 )
 from orchestrator.data.slurm_arrays import array_groups, prepare_on_slurm, render_stage
 from orchestrator.errors import UserError

@@ -10,8 +10,19 @@ from trainer.config.base import ConfigProblem, Section, first_problem
 from trainer.config.dataset import DatasetManifest, DatasetOutput, load_dataset_manifest
 from trainer.config.paths import DEFAULT_BERTCTL_HOME, PathError, expand_path
 from trainer.config.run import (
-    BIN_EDGES, REQUEUE_EXIT_CODE, BalanceConfig, CheckpointConfig, DataConfig, MLPerfConfig, ModelConfig,
-    OptimConfig, RunConfig, RuntimeConfig, TrainConfig, load_run_config, mlperf_eval_interval,
+    BIN_EDGES,
+    REQUEUE_EXIT_CODE,
+    BalanceConfig,
+    CheckpointConfig,
+    DataConfig,
+    MLPerfConfig,
+    ModelConfig,
+    OptimConfig,
+    RunConfig,
+    RuntimeConfig,
+    TrainConfig,
+    load_run_config,
+    mlperf_eval_interval,
 )
 
 __all__ = [

@@ -19,7 +19,7 @@ import numpy as np
 from trainer.config import DatasetOutput
 from trainer.data.layout import Sample, Shard, write_shard
 from trainer.data.prepare import eval_pick, files, tfrecord
-from trainer.data.prepare.bins import bin_of, bin_counts, shard_name, shard_spans
+from trainer.data.prepare.bins import bin_counts, bin_of, shard_name, shard_spans
 from trainer.data.prepare.errors import BadInput, StepFailed
 from trainer.data.prepare.instances import document_pairs
 from trainer.data.prepare.masking import SpecialIds, build_sample
