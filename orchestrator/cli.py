@@ -415,6 +415,12 @@ def _positive(text: str) -> int:
     return value
 
 
+def say_line(text: str) -> None:
+    """One line on stderr, whatever the offending value contained (newlines, lone surrogates)."""
+    line = text.replace("\n", "\\n").encode("utf-8", "backslashreplace").decode("utf-8")
+    print(line, file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["balance"]:
@@ -429,10 +435,10 @@ def main(argv: list[str] | None = None) -> int:
         return args.fn(args)
     except UserError as e:
         # one line, whatever the offending value contained
-        print(f"bertctl: error: {e}".replace("\n", "\\n"), file=sys.stderr)
+        say_line(f"bertctl: error: {e}")
         return 2
     except WorkFailed as e:
-        print(f"bertctl: {e}", file=sys.stderr)
+        say_line(f"bertctl: {e}")
         return 1
     except KeyboardInterrupt:
         print("bertctl: interrupted", file=sys.stderr)

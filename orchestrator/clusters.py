@@ -39,7 +39,27 @@ OneLine = Annotated[str, AfterValidator(_single_line)]
 MountPath = Annotated[str, AfterValidator(_mount_path)]
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*\Z")  # \Z: "$" would let a final newline through
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
-TIME_RE = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}\Z|^\d+\Z")
+TIME_RE = re.compile(r"^(?:(?P<days>\d{1,3})-)?(?P<parts>\d{1,4}(?::\d{2}){0,2})\Z")
+
+
+def time_limit_seconds(text: str) -> int | None:
+    """Slurm's --time forms (M, M:S, H:M:S, D-H, D-H:M, D-H:M:S) in seconds; None if malformed or
+    out of range (minutes and seconds below 60, hours below 24 after a day count)."""
+    m = TIME_RE.match(text)
+    if not m:
+        return None
+    parts = [int(p) for p in m["parts"].split(":")]
+    if m["days"] is not None:  # D-H[:M[:S]]
+        hours, minutes, seconds = (parts + [0, 0])[:3]
+        if hours >= 24:
+            return None
+        days = int(m["days"])
+    else:  # M, M:S or H:M:S
+        days = 0
+        hours, minutes, seconds = parts if len(parts) == 3 else (0, parts[0], parts[1] if len(parts) == 2 else 0)
+    if (len(parts) > 1 or m["days"] is not None) and (minutes >= 60 or seconds >= 60):
+        return None
+    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
 
 
 class Resources(Section):
@@ -64,8 +84,9 @@ class SlurmConfig(Section):
 
     @model_validator(mode="after")
     def _well_formed(self) -> "SlurmConfig":
-        if not TIME_RE.match(self.time_limit):
-            raise ConfigProblem("time_limit", f"must look like [D-]HH:MM:SS or minutes, got {self.time_limit!r}")
+        if not time_limit_seconds(self.time_limit):
+            raise ConfigProblem("time_limit", "must be a positive time like [D-]HH:MM:SS or minutes "
+                                              f"(minutes and seconds below 60), got {self.time_limit!r}")
         for flag in self.extra_sbatch:
             if not flag.startswith("--"):
                 raise ConfigProblem("extra_sbatch", f"entries are long options like --network=sharp, got {flag!r}")

@@ -6,14 +6,15 @@ expected, so the CLI can print one line and exit 2. Used for cluster files and d
 
 from __future__ import annotations
 
+import copy
+import typing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
-from orchestrator import resources
+from orchestrator import resources, strictyaml
 from orchestrator.errors import UserError
 from trainer.config.base import first_problem, is_free_mapping, is_model, mapping_value_type, unwrap_optional
 
@@ -54,7 +55,7 @@ def load_named(kind: str, name: str, overrides, model: type[BaseModel], noun: st
     """Find, read, override and validate one config file; every failure is a one-line UserError."""
     path = find_named_file(kind, name, noun, option)
     raw = apply_overrides(read_mapping(path), list(overrides), model)
-    where = str(path) if not overrides else f"{path} (with -o {' -o '.join(overrides)})"
+    where = str(path) if not overrides else f"{path} (with -o {' -o '.join(clip(o) for o in overrides)})"
     config = validate(model, raw, where)
     by_name = path != Path(name).expanduser()
     if by_name and getattr(config, "name", name) != name:  # ids, scripts and `submit` hints use `name:`
@@ -74,12 +75,9 @@ def read_mapping(path: Path) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError) as e:
         raise UserError(f"cannot read file: {e}", where=str(path)) from None
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise UserError(f"{at}invalid YAML: {problem}", where=str(path)) from None
+        data = strictyaml.load(text)
+    except strictyaml.YAMLProblem as e:
+        raise UserError(str(e), where=str(path)) from None
     if not isinstance(data, dict):
         raise UserError(f"expected a mapping of keys at the top level, got {type(data).__name__}", where=str(path))
     return data
@@ -88,18 +86,20 @@ def read_mapping(path: Path) -> dict[str, Any]:
 def apply_overrides(raw: dict[str, Any], overrides: list[str], model: type[BaseModel]) -> dict[str, Any]:
     """A copy of `raw` with each `key.path=value` set; keys are checked against `model`'s schema.
 
-    Values are parsed as YAML scalars or lists (`1e-3`, `true`, `[6,3,2,5]`, `null`); the model's
-    validation then type-checks them like values from the file.
+    A value is taken as the schema's type of its key asks: text for a text key, exactly as typed
+    (`-o slurm.mem=0`, `-o 'train_dir=/data/my dir #1'`), and `null` for none where the key is
+    optional; otherwise it is read as a YAML value (`1e-3`, `true`, `[6,3,2,5]`), which the model's
+    validation then type-checks like a value from the file.
     """
-    result = _deep_copy(raw)
+    result = copy.deepcopy(raw)  # the file has no aliases, so this copies a tree, never a bomb
     for item in overrides:
         key, sep, text = item.partition("=")
         key = key.strip()
-        where = f"-o {item}"
+        where = f"-o {clip(item)}"
         if not sep or not key:
             raise UserError("expected key.path=value", where=where)
         path = key.split(".")
-        check_key_path(model, path, where)
+        annotation = check_key_path(model, path, where)
         node = result
         for part in path[:-1]:
             child = node.get(part)
@@ -107,7 +107,7 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str], model: type[BaseM
                 child = {}
                 node[part] = child
             node = child
-        node[path[-1]] = _parse_value(text)
+        node[path[-1]] = parse_value(text, annotation, where)
     return result
 
 
@@ -119,11 +119,14 @@ def validate(model: type[BaseModel], raw: dict[str, Any], where: str) -> Any:
         raise UserError(message, where=where, key=key) from None
 
 
-def check_key_path(model: type[BaseModel], path: list[str], where: str) -> None:
-    """Reject a dotted key that the schema does not have, listing the valid keys at that level."""
+def check_key_path(model: type[BaseModel], path: list[str], where: str) -> Any:
+    """The schema's type at a dotted key; a key the schema does not have is refused, listing the valid
+    keys at that level."""
     current: Any = model
+    annotation: Any = model
     for depth, part in enumerate(path):
         if is_free_mapping(current):
+            annotation = typing.get_args(current)[1]
             current = mapping_value_type(current)
             continue
         if not is_model(current):
@@ -135,22 +138,42 @@ def check_key_path(model: type[BaseModel], path: list[str], where: str) -> None:
             raise UserError(f"unknown key '{'.'.join(path)}' (valid keys{here}: {valid})", where=where)
         if part in getattr(current, "derived_fields", ()):
             raise UserError(f"'{'.'.join(path)}' is derived, not set: {current.derived_fields[part]}", where=where)
-        current = unwrap_optional(current.model_fields[part].annotation)
+        annotation = current.model_fields[part].annotation
+        current = unwrap_optional(annotation)
+    return annotation
 
 
-def _parse_value(text: str) -> Any:
+def clip(text: str, width: int = 80) -> str:
+    """An override as shown in a message: long values cut, so the message stays one readable line."""
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def parse_value(text: str, annotation: Any, where: str) -> Any:
+    """An override's text as the value its key's type asks for (see apply_overrides)."""
     try:
-        return yaml.safe_load(text) if text.strip() else None
-    except yaml.YAMLError:
-        return text
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UserError("not valid Unicode text (a lone surrogate)", where=where) from None
+    optional = type(None) in typing.get_args(annotation)
+    if is_text(unwrap_optional(annotation)):
+        return None if optional and text in ("null", "~", "") else text
+    if not text.strip():
+        return None
+    try:
+        return strictyaml.load(text)
+    except strictyaml.YAMLProblem as e:
+        raise UserError(e.message, where=where) from None
 
 
-def _deep_copy(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {k: _deep_copy(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_deep_copy(v) for v in value]
-    return value
+def is_text(annotation: Any) -> bool:
+    """str, an annotated str (OneLine, MountPath), or a Literal of strings."""
+    if annotation is str:
+        return True
+    if typing.get_origin(annotation) is typing.Annotated:
+        return is_text(typing.get_args(annotation)[0])
+    if typing.get_origin(annotation) is typing.Literal:
+        return all(isinstance(a, str) for a in typing.get_args(annotation))
+    return False
 
 
 def schema_keys(model: type[BaseModel], prefix: str = "") -> list[str]:

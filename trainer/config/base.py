@@ -11,13 +11,34 @@ import types
 import typing
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+
+
+# integers past this are typos or attacks, never a batch size or a step count
+MAX_INTEGER = 2**53
 
 
 class Section(BaseModel):
-    """A config section: unknown keys are errors, values are immutable once validated."""
+    """A config section: unknown keys are errors, values are immutable once validated, numbers are
+    finite and bounded, and `true` is not a number."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _numbers_are_numbers(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        for name, value in data.items():
+            field = cls.model_fields.get(name) if isinstance(name, str) else None
+            if field is None:
+                continue
+            wanted = unwrap_optional(field.annotation)
+            if isinstance(value, bool) and wanted in (int, float):
+                raise ConfigProblem(name, f"expected a number, got {str(value).lower()}")
+            if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INTEGER:
+                raise ConfigProblem(name, f"{str(value)[:20]}... is far too large (at most 2**53)")
+        return data
 
 
 class ConfigProblem(ValueError):
