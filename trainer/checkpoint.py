@@ -12,6 +12,7 @@ script then requeues itself and the run resumes here.
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import shutil
@@ -21,6 +22,31 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
+
+
+class OutputError(Exception):
+    """A file the run must write cannot be written (a full, read-only or missing disk): a user error."""
+
+    def __init__(self, path: Path, reason: str):
+        super().__init__(f"{path}: {reason}")
+        self.path, self.reason = path, reason
+
+
+# errno values that say "this path cannot take the file", not "the program is wrong"
+UNWRITABLE = {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT, errno.ENOTDIR, errno.ENOENT, errno.EISDIR}
+
+
+def save_file(obj, path: Path) -> None:
+    """torch.save, with a failed write reported as an OutputError naming the file. (torch's zip writer
+    raises a bare RuntimeError on a full disk, its file object an OSError.)"""
+    try:
+        torch.save(obj, path)
+    except OSError as e:
+        raise OutputError(path, f"cannot write: {e.strerror or e}") from None
+    except RuntimeError as e:
+        if "write" not in str(e).lower():
+            raise
+        raise OutputError(path, f"cannot write ({str(e).splitlines()[0]}): is the disk full?") from None
 
 
 class Checkpoints:
@@ -34,9 +60,9 @@ class Checkpoints:
             shutil.rmtree(staging, ignore_errors=True)
             staging.mkdir(parents=True)
         _barrier()
-        torch.save(per_rank, staging / f"rank_{self.rank}.pt")
+        save_file(per_rank, staging / f"rank_{self.rank}.pt")
         if self.rank == 0:
-            torch.save(shared, staging / "shared.pt")
+            save_file(shared, staging / "shared.pt")
         _barrier()
         if self.rank == 0:
             shutil.rmtree(final, ignore_errors=True)
@@ -84,7 +110,7 @@ def write_model(path: str | Path, model: torch.nn.Module) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.partial")
-    torch.save({"model": model.state_dict()}, tmp)
+    save_file({"model": model.state_dict()}, tmp)
     os.replace(tmp, path)
     return path
 

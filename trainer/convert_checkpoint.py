@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trainer.data.prepare.errors import BadInput, PrepareError, report_failure
+from trainer.data.prepare.errors import BadInput, PrepareError, StepFailed, report_failure
 from trainer.tf_checkpoint import TFCheckpoint
 
 # optimizer state and bookkeeping in the MLPerf checkpoint (LAMB) and in Google's (Adam)
@@ -166,13 +166,19 @@ def save(state: dict[str, np.ndarray], output: str | Path) -> Path:
     """torch.save({"model": state_dict}) atomically; tied entries share storage in the file."""
     import torch
 
+    from trainer.checkpoint import OutputError, save_file
     from trainer.data.prepare.files import atomic_path
 
     tensors = {k: torch.from_numpy(v) for k, v in state.items() if not k.startswith("cls.predictions.decoder.")}
     tensors["cls.predictions.decoder.weight"] = tensors["bert.embeddings.word_embeddings.weight"]
     tensors["cls.predictions.decoder.bias"] = tensors["cls.predictions.bias"]
-    with atomic_path(output) as tmp:
-        torch.save({"model": tensors}, tmp)
+    try:
+        with atomic_path(output) as tmp:
+            save_file({"model": tensors}, tmp)
+    except OutputError as e:
+        raise BadInput(output, e.reason) from None
+    except StepFailed as e:
+        raise BadInput(output, e.what) from None
     return Path(output)
 
 

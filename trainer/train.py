@@ -28,7 +28,7 @@ from pydantic import ValidationError
 from torch.nn.parallel import DistributedDataParallel
 
 from trainer import distributed
-from trainer.checkpoint import Checkpoints, StopSignal, rng_state, set_rng_state, write_model
+from trainer.checkpoint import UNWRITABLE, Checkpoints, OutputError, StopSignal, rng_state, set_rng_state, write_model
 from trainer.config import REQUEUE_EXIT_CODE, PathError, RunConfig, expand_path, first_problem, load_run_config
 from trainer.data.batch import Batch, collate
 from trainer.data.dataset import DataError, TrainData
@@ -42,7 +42,7 @@ from trainer.optim import build_optimizer, learning_rate, set_learning_rate, tak
 from trainer.progress import Tally, append_json_line, global_sums, progress_line, progress_record
 from trainer.weights import WeightsError, load_pretrained_file, tf_variable_names
 
-USER_ERRORS = (distributed.LaunchError, DataError, ShardError, WeightsError, PathError)
+USER_ERRORS = (distributed.LaunchError, DataError, ShardError, WeightsError, PathError, OutputError)
 
 
 @dataclass
@@ -399,6 +399,10 @@ def main(argv: list[str] | None = None) -> int:
             return trainer.run()
     except USER_ERRORS as e:
         return _fail(str(e))
+    except OSError as e:
+        if e.errno not in UNWRITABLE:
+            raise
+        return _fail(f"{e.filename or args.out}: {e.strerror}")  # a path of the user's that cannot take the run's files
     finally:
         if trainer is not None:
             trainer.close()

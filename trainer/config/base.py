@@ -13,7 +13,6 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
-
 # integers past this are typos or attacks, never a batch size or a step count
 MAX_INTEGER = 2**53
 

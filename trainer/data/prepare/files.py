@@ -5,13 +5,14 @@ renamed when complete, so a file that exists under its real name is whole (the s
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import re
 from pathlib import Path
 from typing import Any, Iterator
 
-from trainer.data.prepare.errors import StepFailed
+from trainer.data.prepare.errors import BadInput, PrepareError, StepFailed
 
 
 @contextlib.contextmanager
@@ -25,7 +26,7 @@ def atomic_path(path: str | Path) -> Iterator[Path]:
         os.replace(tmp, path)
     except OSError as e:
         tmp.unlink(missing_ok=True)
-        raise StepFailed(path, f"cannot write: {write_failure(e)}") from None
+        raise write_error(path, e) from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -55,6 +56,18 @@ def remove_temporaries(folder: str | Path) -> None:
     if folder.is_dir():
         for stale in folder.rglob(".*.tmp-*"):
             stale.unlink(missing_ok=True)
+
+
+# a path that cannot take the files (the user points it elsewhere or frees it): bad input, exit 2;
+# any other failed write (a file size limit, an I/O error) is the work failing, exit 1
+PATH_PROBLEMS = {os.strerror(e) for e in (errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT)}
+
+
+def write_error(path: str | Path, error: BaseException) -> PrepareError:
+    """The one-line error for a failed write of `path`."""
+    reason = write_failure(error)
+    kind = BadInput if reason in PATH_PROBLEMS else StepFailed
+    return kind(path, f"cannot write: {reason}")
 
 
 def write_failure(error: BaseException) -> str:

@@ -252,7 +252,7 @@ def save_shard(path: Path, samples: list[Sample], layout: str, out: DatasetOutpu
     try:
         write_shard(path, samples, layout, max_seq_length=out.max_seq_length, max_predictions=out.max_predictions)
     except (OSError, RuntimeError) as e:  # HDF5 reports a failed write on close as RuntimeError
-        raise StepFailed(path, f"cannot write: {files.write_failure(e)}") from None
+        raise files.write_error(path, e) from None
 
 
 def sample_columns(samples: list[Sample]):
