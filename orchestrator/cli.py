@@ -417,8 +417,8 @@ def _positive(text: str) -> int:
 
 def say_line(text: str) -> None:
     """One line on stderr, whatever the offending value contained (newlines, lone surrogates)."""
-    line = text.replace("\n", "\\n").encode("utf-8", "backslashreplace").decode("utf-8")
-    print(line, file=sys.stderr)
+    line = "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
+    print(line.encode("utf-8", "backslashreplace").decode("utf-8"), file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:

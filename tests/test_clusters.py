@@ -60,7 +60,7 @@ def test_overrides_are_type_checked_and_applied():
     ("run.runtime.device=cuda", "resources.gpus_per_node: runtime.device cuda needs one GPU per rank"),
     ("run.balance.group_size=4", "run.balance.group_size: 4 must divide resources.tasks_per_node"),
     ("container.kind=pyxis", "container.image: kind pyxis needs an image"),
-    ("slurm.time_limit=soon", "slurm.time_limit: must look like"),
+    ("slurm.time_limit=soon", "slurm.time_limit: must be a positive time like"),
     ("node.env.1X=a", "node.env: names must be shell identifiers"),
     ("nonsense", "expected key.path=value"),
     ("run.optim.lr.deeper=1", "'run.optim.lr' is a value, not a section"),
