@@ -51,7 +51,7 @@ from synthetic import tiny_run_config
 REPO = Path(__file__).resolve().parent.parent
 UPDATES = 101  # losses at updates 1..101: the last one is measured after 100 updates
 RTOL = 1e-5  # fp32: the two implementations sum in different orders
-DDP_FIRST_BUCKET_BYTES = 2**20  # torch's DDP puts the first (last-computed) 1 MiB of gradients in a bucket of its own
+DDP_FIRST_BUCKET_BYTES = 2**20  # torch's DDP: gradients totalling less than 1 MiB share one bucket
 
 MODEL = {"num_layers": 2, "hidden_size": 64, "num_heads": 2, "intermediate_size": 128, "vocab_size": 64,
          "max_position_embeddings": 64, "type_vocab_size": 2, "hidden_dropout": 0.0, "attention_dropout": 0.0,
@@ -59,22 +59,22 @@ MODEL = {"num_layers": 2, "hidden_size": 64, "num_heads": 2, "intermediate_size"
 
 # Each case: ranks, per-rank micro-batch, accumulation, and the config sections that differ. The
 # initialisation is wider than BERT's 0.02 so that LAMB's steps, relative to the weights' norms,
-# learn the task within 100 updates (the loss falls from 5.2-5.3 to 0.7-0.9); max_grad_norm is set
+# learn the task within 100 updates (the loss falls from 5.2-5.3 to 0.7-1.4); max_grad_norm is set
 # so that clipping acts in the first half of each run and not in much of the second.
 CASES = {
     "lamb_nvidia_local_accum2": dict(
         world=1, batch=8, accumulation=2,
         optim={"name": "lamb", "lr": 2e-2, "schedule": "nvidia", "warmup_steps": 10, "start_warmup_step": 0,
-               "clip": "local", "max_grad_norm": 1.0, "weight_decay": 0.01}),
+               "clip": "local", "max_grad_norm": 1.0, "weight_decay": 0.01, "betas": [0.9, 0.999], "epsilon": 1e-6}),
     "adam_samsung_after_allreduce_unpadded": dict(
-        world=1, batch=16, accumulation=1, runtime={"unpad": True},
+        world=1, batch=8, accumulation=1, runtime={"unpad": True},
         optim={"name": "adam", "lr": 3e-3, "schedule": "samsung", "warmup_steps": 20, "start_warmup_step": -4,
                "lr_max_steps": 80, "end_lr": 3e-4, "clip": "after_allreduce", "max_grad_norm": 2.0,
                "weight_decay": 0.01, "betas": [0.85, 0.95], "epsilon": 1e-8}),
     "two_ranks_group_exchange_bucket_clip": dict(
         world=2, batch=8, accumulation=2, balance={"exchange_padding": "group", "group_size": 2, "snake": True},
         optim={"name": "lamb", "lr": 1e-2, "schedule": "nvidia", "warmup_steps": 10, "start_warmup_step": -3,
-               "clip": "bucket", "max_grad_norm": 1.5, "weight_decay": 0.01}),
+               "clip": "bucket", "max_grad_norm": 1.5, "weight_decay": 0.01, "betas": [0.9, 0.999], "epsilon": 1e-6}),
 }
 
 
@@ -102,7 +102,7 @@ def write_config(workspace: dict, case: str, folder: Path) -> tuple[Path, dict]:
     cfg["train"].update(batch_size=batch, gradient_accumulation_steps=accumulation,
                         global_batch_size=world * batch * accumulation, max_samples_termination=10**9,
                         log_every_steps=1, init_checkpoint=workspace["init"], seed=0)
-    cfg["balance"] = spec.get("balance", {})
+    cfg["balance"] = spec.get("balance", {"exchange_padding": "none"})
     cfg["runtime"] = {"num_threads": 1, **spec.get("runtime", {})}
     cfg["mlperf"]["division"] = "open"
     folder.mkdir(parents=True, exist_ok=True)
@@ -147,9 +147,16 @@ def logged(out: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
+def updates_logged(out: Path) -> int:
+    """Complete lines so far (the trainer may be writing the next one)."""
+    path = out / "metrics" / "run_0.jsonl"
+    return path.read_text().count("\n") if path.exists() else 0
+
+
 def assert_same_curve(case: str, records: list[dict], reference: list[tuple[float, float]]) -> None:
     """Update by update: the LR (to float32 precision) and the loss within RTOL."""
-    assert [r["update"] for r in records] == list(range(1, UPDATES + 1)), "the trainer logged other updates"
+    updates = [r["update"] for r in records]
+    assert updates == list(range(1, UPDATES + 1)), f"{case}: the trainer logged updates {updates}"
     worst = 0.0
     for record, (loss, lr) in zip(records, reference):
         k = record["update"]
@@ -304,59 +311,82 @@ def clip_coefficient(grads: list[torch.Tensor], max_norm: float) -> torch.Tensor
 
 def reference_curve(cfg: dict) -> list[tuple[float, float]]:
     """(loss, lr) of each update of the reference run of `cfg`."""
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the trainer runs beside it
+    try:
+        return train_reference(cfg)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def train_reference(cfg: dict) -> list[tuple[float, float]]:
     optim, train = cfg["optim"], cfg["train"]
     world, batch, accumulation = cfg["world_size"], train["batch_size"], train["gradient_accumulation_steps"]
     model = hf_model(cfg["model"])
     model.load_state_dict(torch.load(train["init_checkpoint"], weights_only=True))
     model.train()
-    named = [(n, p) for n, p in model.named_parameters()]
+    named = list(model.named_parameters())
     params = [p for _, p in named]
-    opt = (PaperLamb if optim["name"] == "lamb" else TorchAdamW)(named, optim.get("betas", (0.9, 0.999)),
-                                                                 optim.get("epsilon", 1e-6), optim["weight_decay"])
-    schedule = samsung_lr if optim.get("schedule") == "samsung" else nvidia_lr
+    optimizer = {"lamb": PaperLamb, "adam": TorchAdamW}[optim["name"]](named, optim["betas"], optim["epsilon"],
+                                                                       optim["weight_decay"])
+    schedule = {"nvidia": nvidia_lr, "samsung": samsung_lr}[optim["schedule"]]
     micro = bertctl_micro_batches(cfg["data"]["train_dir"], train["seed"], cfg["data"]["streams"], world * batch,
                                   UPDATES * accumulation)
-    width = cfg["data"]["max_seq_length"]
-    exchange = cfg.get("balance", {}).get("exchange_padding", "none") != "none" and world > 1
     curve = []
     for k in range(1, UPDATES + 1):
         step = micro[(k - 1) * accumulation:k * accumulation]
-        # rank r's micro-batches: its stream's chunk, redistributed by exchange padding
-        ranks = [[m[r * batch:(r + 1) * batch] for m in step] for r in range(world)]
-        if exchange:
-            dealt = [exchange_deal([ranks[r][i] for r in range(world)], cfg["balance"].get("snake", True))
-                     for i in range(accumulation)]
-            ranks = [[dealt[i][r] for i in range(accumulation)] for r in range(world)]
-        masked = sum(len(s.masked_lm_positions) for m in step for s in m)
-        sequences = sum(len(m) for m in step)
-        loss, rank_grads = 0.0, []
-        for r in range(world):
-            for p in params:
-                p.grad = None
-            for samples in ranks[r]:
-                mlm, nsp = loss_sums(model, samples, width)
-                part = mlm / masked + nsp / sequences
-                part.backward()
-                loss += part.item()
-            rank_grads.append([p.grad.clone() for p in params])
-        if optim["clip"] in ("local", "bucket"):
-            # each rank clips its own gradient of the loss times the world size (the average over
-            # ranks then restores the scale); this model's gradient fits one DDP bucket, whose bound
-            # max_norm / sqrt(1) makes bucket-wise clipping the whole-gradient local clip
-            coefs = [clip_coefficient([world * g for g in grads], optim["max_grad_norm"]) for grads in rank_grads]
-            total = [sum(c * grads[i] for c, grads in zip(coefs, rank_grads)) for i in range(len(params))]
-        else:
-            total = [sum(grads[i] for grads in rank_grads) for i in range(len(params))]
-            if optim["clip"] == "after_allreduce":
-                coef = clip_coefficient(total, optim["max_grad_norm"])
-                total = [coef * g for g in total]
-        for p, g in zip(params, total):
+        loss, rank_grads = rank_gradients(model, ranks_micro_batches(step, world, cfg["balance"]), step,
+                                          cfg["data"]["max_seq_length"])
+        for p, g in zip(params, reduce_and_clip(rank_grads, optim, world)):
             p.grad = g
         lr = schedule(k, optim)
-        opt.step(lr)
+        optimizer.step(lr)
         curve.append((loss, lr))
     return curve
+
+
+def ranks_micro_batches(step: list[list], world: int, balance: dict) -> list[list[list]]:
+    """Rank r's micro-batches: its stream's share of each global micro-batch, dealt anew by exchange padding."""
+    share = len(step[0]) // world
+    ranks = [[m[r * share:(r + 1) * share] for m in step] for r in range(world)]
+    if world == 1 or balance["exchange_padding"] == "none":
+        return ranks
+    dealt = [exchange_deal([ranks[r][i] for r in range(world)], balance["snake"]) for i in range(len(step))]
+    return [[dealt[i][r] for i in range(len(step))] for r in range(world)]
+
+
+def rank_gradients(model, ranks: list[list[list]], step: list[list], width: int) -> tuple[float, list[list]]:
+    """Each rank's gradient, accumulated over its micro-batches, of its part of the step's loss: every
+    micro-batch's sums divided by the masked tokens and sequences of the whole step (all ranks)."""
+    masked = sum(len(s.masked_lm_positions) for m in step for s in m)
+    sequences = sum(len(m) for m in step)
+    params = list(model.parameters())
+    loss, grads = 0.0, []
+    for micro_batches in ranks:
+        for p in params:
+            p.grad = None
+        for samples in micro_batches:
+            mlm, nsp = loss_sums(model, samples, width)
+            part = mlm / masked + nsp / sequences
+            part.backward()
+            loss += part.item()
+        grads.append([p.grad.clone() for p in params])
+    return loss, grads
+
+
+def reduce_and_clip(rank_grads: list[list], optim: dict, world: int) -> list[torch.Tensor]:
+    """The gradient the optimizer sees: the sum over ranks of their parts, clipped as configured."""
+    if optim["clip"] in ("local", "bucket"):
+        # Each rank clips its own gradient of world x its part (DDP's average over ranks then restores
+        # the scale). This model's gradient fits one DDP bucket, whose bound max_norm / sqrt(1) makes
+        # bucket-wise clipping the whole-gradient local clip.
+        coefs = [clip_coefficient([world * g for g in grads], optim["max_grad_norm"]) for grads in rank_grads]
+        return [sum(c * grads[i] for c, grads in zip(coefs, rank_grads)) for i in range(len(rank_grads[0]))]
+    total = [sum(grads[i] for grads in rank_grads) for i in range(len(rank_grads[0]))]
+    if optim["clip"] == "after_allreduce":
+        coef = clip_coefficient(total, optim["max_grad_norm"])
+        total = [coef * g for g in total]
+    return total
 
 
 # ---- the cases ----------------------------------------------------------------------------------
@@ -374,8 +404,9 @@ def test_one_rank_follows_the_reference_update_by_update(workspace, tmp_path, ca
 def test_two_ranks_interrupted_by_sigusr2_and_resumed_follow_the_reference(workspace, tmp_path):
     """Two gloo ranks, group exchange padding, bucket clipping, accumulation 2; both ranks get SIGUSR2
     (as Slurm signals every task) a third of the way in, checkpoint and exit 75; the resumed run must
-    continue on the uninterrupted reference's curve: the data positions, optimizer moments, update
-    count (for the schedule) and the bucket count all survive the requeue."""
+    continue on the uninterrupted reference's curve: the data positions, optimizer moments and update
+    count (for the schedule) survive the requeue. (Recounting the buckets after a resume is not tested
+    here: with one bucket the count is known as soon as that bucket is seen.)"""
     case = "two_ranks_group_exchange_bucket_clip"
     config, cfg = write_config(workspace, case, tmp_path)
     model = hf_model(cfg["model"])
@@ -383,8 +414,8 @@ def test_two_ranks_interrupted_by_sigusr2_and_resumed_follow_the_reference(works
         "the model no longer fits one DDP bucket: the reference's bucket-wise clipping assumes one"
     out = tmp_path / "out"
     with running(config, out, cfg["world_size"]) as procs:
-        deadline = time.time() + 240
-        while time.time() < deadline and len(logged(out)) < UPDATES // 3 and all(p.poll() is None for p in procs):
+        deadline = time.time() + 600
+        while time.time() < deadline and updates_logged(out) < UPDATES // 3 and all(p.poll() is None for p in procs):
             time.sleep(0.01)
         for p in procs:
             p.send_signal(signal.SIGUSR2)
