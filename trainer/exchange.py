@@ -10,7 +10,10 @@ the loss normalised by the global number of masked tokens, is unchanged.
 
 Wire format: each sample is one int16 row [length, predictions, nsp, pack, ids..., segments...,
 positions..., masked ids...] padded to a fixed width, sent as float16 bits (NVIDIA's trick: NCCL
-has no int16, and an all_gather only copies bits).
+has no int16, and an all_gather only copies bits). int16 holds every token id of a vocabulary of
+at most 32,768 tokens, the limit the shards have too (trainer.data.layout stores ids as int16), so
+a larger vocabulary is refused when the exchange is built rather than widening the rows: int32
+would double the bytes every step exchanges and still not let such ids into a shard.
 """
 
 from __future__ import annotations
@@ -20,11 +23,16 @@ import torch
 import torch.distributed as dist
 
 from trainer.balance import deal_order
-from trainer.data.layout import Sample
+from trainer.data.dataset import DataError
+from trainer.data.layout import ID_LIMIT, Sample
 
 
 class Exchange:
-    def __init__(self, mode: str, group_size: int, snake: bool, max_seq_length: int, max_predictions: int, device):
+    def __init__(self, mode: str, group_size: int, snake: bool, max_seq_length: int, max_predictions: int, device,
+                 vocab_size: int | None = None):
+        if vocab_size is not None and vocab_size > ID_LIMIT + 1:
+            raise DataError(f"model.vocab_size {vocab_size} is too large for exchange padding: token ids travel as "
+                            f"int16 (at most {ID_LIMIT + 1} tokens, as in the shards)")
         world, rank = dist.get_world_size(), dist.get_rank()
         self.size = world if mode == "global" else group_size
         self.snake = snake
@@ -57,7 +65,7 @@ class Exchange:
             units.setdefault(key, []).append(i)
         whole = list(units.values())
         tokens = np.array([sum(len(pool[i]) for i in unit) for unit in whole])
-        mine = deal_order(tokens, self.size, snake=True)[self.index]
+        mine = deal_order(tokens, self.size, self.snake)[self.index]
         return [pool[i] for u in mine for i in whole[u]]
 
     def _all_gather(self, rows: torch.Tensor) -> list[torch.Tensor]:

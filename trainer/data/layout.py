@@ -239,44 +239,97 @@ def _first_problem(shard: Shard, vocab_size: int | None, max_seq_length: int | N
                    max_predictions: int | None) -> tuple[int, str] | None:
     """(sample index, what is wrong) for the first check that fails, or None.
 
-    Vectorised over the whole shard: each check finds the first offending sample with numpy, so a
-    shard of 10,000 samples costs milliseconds (benchmarks/shard_validation.py)."""
+    Vectorised over the whole shard and cheap when nothing is wrong: each range check is a min/max
+    over the stored (int16) array, and only a failing check looks for the sample it concerns.
+    A shard of 10,000 samples of ~256 tokens costs a few milliseconds (benchmarks/shard_validation.py).
+    """
     layout_problem = _fixed_layout_problem(shard) if shard.layout == "fixed" else _varlen_problem(shard)
     if layout_problem is not None:
         return layout_problem
-    lengths, ids, seg, k, pos, mids, nsp = shard.columns()
-    token_owner = _owners(lengths)
-    prediction_owner = _owners(k)
-    vocab = f"0-{vocab_size - 1}" if vocab_size is not None else "non-negative"
-    checks = [
-        (lengths < 1, None, lambda i: "no tokens"),
-        (lengths > max_seq_length if max_seq_length is not None else None, None,
+    lengths, k, nsp = shard.lengths, shard.num_predictions, shard.nsp
+    for bad, describe in (
+        (lengths < 1, lambda i: "no tokens"),
+        (lengths > max_seq_length if max_seq_length is not None else None,
          lambda i: f"{lengths[i]} tokens, more than max_seq_length {max_seq_length}"),
-        (k > max_predictions if max_predictions is not None else None, None,
+        (k > max_predictions if max_predictions is not None else None,
          lambda i: f"{k[i]} masked positions, more than max_predictions {max_predictions}"),
-        (_outside(ids, vocab_size), token_owner, lambda j: f"token id {ids[j]} in input_ids is outside the vocabulary ({vocab})"),
-        ((seg != 0) & (seg != 1), token_owner, lambda j: f"segment id {seg[j]} (segment_ids must be 0 or 1)"),
-        (pos == 0, prediction_owner, lambda j: "masked position 0 is the [CLS] token"),
-        (pos < 0, prediction_owner, lambda j: f"masked position {pos[j]} is negative"),
-        (pos >= np.repeat(lengths, k), prediction_owner,
-         lambda j: f"masked position {pos[j]} is past the end of the sequence (length {lengths[prediction_owner[j]]})"),
-        (_outside(mids, vocab_size), prediction_owner,
-         lambda j: f"token id {mids[j]} in masked_lm_ids is outside the vocabulary ({vocab})"),
-        ((nsp != 0) & (nsp != 1), None, lambda i: f"next_sentence_label {nsp[i]} (must be 0 or 1)"),
-    ]
-    for bad, owner, describe in checks:
+        ((nsp != 0) & (nsp != 1), lambda i: f"next_sentence_label {nsp[i]} (must be 0 or 1)"),
+    ):
         if bad is not None and bad.any():
-            j = int(np.argmax(bad))
-            return (int(owner[j]) if owner is not None else j), describe(j)
+            i = int(np.argmax(bad))
+            return i, describe(i)
+    vocab = f"0-{vocab_size - 1}" if vocab_size is not None else "non-negative"
+    top = vocab_size - 1 if vocab_size is not None else None
+    tokens, predictions = _Entries(shard, "tokens"), _Entries(shard, "predictions")
+    checks = [
+        (tokens, "input_ids", 0, top, lambda v: f"token id {v} in input_ids is outside the vocabulary ({vocab})"),
+        (tokens, "segment_ids", 0, 1, lambda v: f"segment id {v} (segment_ids must be 0 or 1)"),
+        (predictions, "masked_lm_positions", 1, None,
+         lambda v: "masked position 0 is the [CLS] token" if v == 0 else f"masked position {v} is negative"),
+        (predictions, "masked_lm_ids", 0, top, lambda v: f"token id {v} in masked_lm_ids is outside the vocabulary ({vocab})"),
+    ]
+    for entries, name, low, high, describe in checks:
+        found = entries.first_outside(name, low, high)
+        if found is not None:
+            return found[0], describe(found[1])
+    found = predictions.first_past_end(lengths)
+    if found is not None:
+        return found[0], f"masked position {found[1]} is past the end of the sequence (length {lengths[found[0]]})"
     return None
+
+
+class _Entries:
+    """The token-level (or prediction-level) fields of a shard as stored: 2-D padded rows (fixed) or
+    the rows concatenated (varlen), with how many entries of each sample are real."""
+
+    def __init__(self, shard: Shard, kind: str):
+        self.fixed = shard.layout == "fixed"
+        self.counts = shard.lengths if kind == "tokens" else shard.num_predictions
+        names = ("input_ids", "segment_ids") if kind == "tokens" else ("masked_lm_positions", "masked_lm_ids")
+        stored = (shard._ids, shard._seg) if kind == "tokens" else (shard._pos, shard._mids)
+        self.fields = {n: (rows if self.fixed else _concat(rows)) for n, rows in zip(names, stored)}
+
+    def first_outside(self, name: str, low: int, high: int | None) -> tuple[int, int] | None:
+        """(sample, value) of the first real entry outside [low, high], or None."""
+        values = self.fields[name]
+        if values.size == 0 or (values.min() >= low and (high is None or values.max() <= high)):
+            return None  # the common case: one pass over the array, padding included
+        bad = values < low if high is None else (values < low) | (values > high)
+        return self._first(bad, values)
+
+    def first_past_end(self, lengths: np.ndarray) -> tuple[int, int] | None:
+        positions = self.fields["masked_lm_positions"]
+        if positions.size == 0:
+            return None
+        if self.fixed:  # real positions are the non-zero prefix of a row: its maximum is the one to test
+            past = positions.max(axis=1) >= lengths
+            return self._first(positions >= lengths[:, None], positions) if past.any() else None
+        return self._first(positions >= np.repeat(lengths, self.counts), positions)
+
+    def _first(self, bad: np.ndarray, values: np.ndarray) -> tuple[int, int] | None:
+        if self.fixed:  # padding is not data: only the first counts[i] entries of row i
+            bad = bad & (np.arange(bad.shape[1]) < self.counts[:, None])
+            rows = bad.any(axis=1)
+            if not rows.any():
+                return None
+            i = int(np.argmax(rows))
+            return i, int(values[i, int(np.argmax(bad[i]))])
+        if not bad.any():
+            return None
+        j = int(np.argmax(bad))
+        return int(np.searchsorted(np.cumsum(self.counts), j, side="right")), int(values[j])
 
 
 def _fixed_layout_problem(shard: Shard) -> tuple[int, str] | None:
     """The fixed layout's own rules: input_mask is 1s then 0s, masked positions are non-zero then 0-padding."""
     mask, pos = shard._mask, shard._pos
-    bad = ((mask != 0) & (mask != 1)).any(axis=1) | (mask[:, 1:] > mask[:, :-1]).any(axis=1)
-    if bad.any():
-        return int(np.argmax(bad)), "input_mask is not 1s followed by 0s"
+    if mask.size and (mask.min() < 0 or mask.max() > 1):
+        return int(np.argmax(((mask != 0) & (mask != 1)).any(axis=1))), "input_mask is not 1s followed by 0s"
+    # 1s then 0s exactly when the last 1 sits at length - 1 (argmax finds the first 1 of the reversed row)
+    last_one = mask.shape[1] - np.argmax(mask[:, ::-1], axis=1)
+    holes = (last_one != shard.lengths) & (shard.lengths > 0)
+    if holes.any():
+        return int(np.argmax(holes)), "input_mask is not 1s followed by 0s"
     gap = ((pos[:, 1:] != 0) & (pos[:, :-1] == 0)).any(axis=1)  # a 0 before a real position: [CLS] masked
     if gap.any():
         return int(np.argmax(gap)), "masked position 0 is the [CLS] token"
@@ -287,21 +340,12 @@ def _varlen_problem(shard: Shard) -> tuple[int, str] | None:
     """The varlen layout's own rule: the fields of a sample agree in length."""
     for a, b, counts, rows in (("input_ids", "segment_ids", shard.lengths, shard._seg),
                                ("masked_lm_positions", "masked_lm_ids", shard.num_predictions, shard._mids)):
-        sizes = np.array([len(x) for x in rows], np.int64)
+        sizes = np.fromiter((len(x) for x in rows), np.int64, len(rows))
         bad = sizes != counts
         if bad.any():
             i = int(np.argmax(bad))
             return i, f"{a} has {counts[i]} entries, {b} {sizes[i]}"
     return None
-
-
-def _outside(values: np.ndarray, vocab_size: int | None) -> np.ndarray:
-    return (values < 0) | (values >= vocab_size) if vocab_size is not None else values < 0
-
-
-def _owners(counts: np.ndarray) -> np.ndarray:
-    """For a flat array made of `counts[i]` entries per sample: the sample of each entry."""
-    return np.repeat(np.arange(len(counts)), counts)
 
 
 def sample_count(path: str | Path) -> int:
