@@ -214,6 +214,20 @@ def test_a_good_shard_passes_and_reads_back_unchanged(layout, tmp_path):
         Shard(path, vocab_size=top)
 
 
+def test_fixed_layout_padding_is_not_data(tmp_path):
+    """Beyond a sample's length (and its predictions) the fixed layout's padding is ignored, whatever it holds."""
+    path = write_shard(tmp_path / "fixed.hdf5", synthetic_samples(), "fixed", TINY.max_len, TINY.max_pred)
+    with h5py.File(path, "r+") as f:
+        short = int(np.argmin(f["input_mask"][:].sum(axis=1)))
+        f["input_ids"][short, -1] = TINY.vocab + 5
+        f["segment_ids"][short, -1] = 7
+    Shard(path, **limits_of(TINY))
+    with h5py.File(path, "r+") as f:
+        f["input_mask"][short, -1] = 1  # now the padding is inside: a hole, and then out-of-range data
+    with pytest.raises(ShardError, match=f"sample {short}: input_mask is not 1s followed by 0s"):
+        Shard(path, **limits_of(TINY))
+
+
 def test_a_shard_cannot_be_written_with_ids_that_do_not_fit_int16(tmp_path):
     samples = synthetic_samples()
     samples[3].input_ids[2] = 40000  # would be stored as -25536
