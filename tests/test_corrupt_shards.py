@@ -404,3 +404,18 @@ def test_bertctl_verify_names_an_unsampled_broken_shard(prepared, tmp_path):
     assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr
     fails = [line.strip() for line in result.stderr.splitlines() if line.strip().startswith("FAIL")]
     assert f"FAIL  train_128: well formed: {path}: unreadable HDF5 shard" in "\n".join(fails), fails
+
+
+@pytest.mark.parametrize("layout", ["fixed", "varlen"])
+def test_a_shard_without_samples_stops_the_trainer_instead_of_spinning(layout, tmp_path):
+    """A reader whose only shard is empty would advance through epochs forever looking for a sample."""
+    from trainer.data.dataset import TrainData
+
+    path = write_shard(tmp_path / "train" / "part_00000.hdf5", [], layout, TINY.max_len, TINY.max_pred)
+    assert len(Shard(path)) == 0  # a valid file (the prepare pipeline may read such parts)
+    data = TrainData(str(path.parent), 0, 1, 8, seed=1)
+    try:
+        with pytest.raises(ShardError, match=f"^{re.escape(str(path))}: no samples$"):
+            data.next_samples()
+    finally:
+        data.close()

@@ -163,8 +163,8 @@ class Shard:
             self.lengths = self._mask.sum(axis=1, dtype=np.int64)
             self.num_predictions = (self._pos != 0).sum(axis=1, dtype=np.int64)
         else:
-            self.lengths = np.array([len(x) for x in self._ids], np.int64)
-            self.num_predictions = np.array([len(x) for x in self._pos], np.int64)
+            self.lengths = np.fromiter(map(len, self._ids), np.int64, len(self._ids))
+            self.num_predictions = np.fromiter(map(len, self._pos), np.int64, len(self._pos))
 
     def __len__(self) -> int:
         return len(self.nsp)
@@ -264,7 +264,8 @@ def _first_problem(shard: Shard, vocab_size: int | None, max_seq_length: int | N
     checks = [
         (tokens, "input_ids", 0, top, lambda v: f"token id {v} in input_ids is outside the vocabulary ({vocab})"),
         (tokens, "segment_ids", 0, 1, lambda v: f"segment id {v} (segment_ids must be 0 or 1)"),
-        (predictions, "masked_lm_positions", 1, None,
+        # a fixed row's 0s are its padding (a 0 before a real position was caught above as [CLS])
+        (predictions, "masked_lm_positions", 0 if shard.layout == "fixed" else 1, None,
          lambda v: "masked position 0 is the [CLS] token" if v == 0 else f"masked position {v} is negative"),
         (predictions, "masked_lm_ids", 0, top, lambda v: f"token id {v} in masked_lm_ids is outside the vocabulary ({vocab})"),
     ]
@@ -325,9 +326,10 @@ def _fixed_layout_problem(shard: Shard) -> tuple[int, str] | None:
     mask, pos = shard._mask, shard._pos
     if mask.size and (mask.min() < 0 or mask.max() > 1):
         return int(np.argmax(((mask != 0) & (mask != 1)).any(axis=1))), "input_mask is not 1s followed by 0s"
-    # 1s then 0s exactly when the last 1 sits at length - 1 (argmax finds the first 1 of the reversed row)
-    last_one = mask.shape[1] - np.argmax(mask[:, ::-1], axis=1)
-    holes = (last_one != shard.lengths) & (shard.lengths > 0)
+    # with `length` 1s in the row, 1s then 0s exactly when the first 0 is at `length` (or there is none)
+    ones = mask.view(np.bool_) if mask.dtype.itemsize == 1 else mask != 0  # argmin is fastest on booleans
+    first_zero = np.argmin(ones, axis=1)
+    holes = (first_zero != shard.lengths) & (shard.lengths < mask.shape[1])
     if holes.any():
         return int(np.argmax(holes)), "input_mask is not 1s followed by 0s"
     gap = ((pos[:, 1:] != 0) & (pos[:, :-1] == 0)).any(axis=1)  # a 0 before a real position: [CLS] masked
@@ -340,7 +342,7 @@ def _varlen_problem(shard: Shard) -> tuple[int, str] | None:
     """The varlen layout's own rule: the fields of a sample agree in length."""
     for a, b, counts, rows in (("input_ids", "segment_ids", shard.lengths, shard._seg),
                                ("masked_lm_positions", "masked_lm_ids", shard.num_predictions, shard._mids)):
-        sizes = np.fromiter((len(x) for x in rows), np.int64, len(rows))
+        sizes = np.fromiter(map(len, rows), np.int64, len(rows))
         bad = sizes != counts
         if bad.any():
             i = int(np.argmax(bad))
