@@ -73,10 +73,12 @@ def tiny_run_config(tmp: Path, world_size: int = 1, batch_size: int = 8, **chang
 
 
 def train_data(folder, rank: int = 0, world_size: int = 1, batch_size: int = 8, seed: int = 0,
-               streams: int | None = None, workers: int = 0, max_seq_length: int = 512, **balance):
+               streams: int | None = None, workers: int = 0, max_seq_length: int = 512, max_predictions: int = 76,
+               vocab_size: int | None = None, **balance):
     """`TrainData` over a folder of shards, its sections built from plain values (`balance`: BalanceConfig keys)."""
     from trainer.config import BalanceConfig, DataConfig
     from trainer.data.dataset import TrainData
 
-    data = DataConfig(train_dir=str(folder), streams=streams, num_workers=workers, max_seq_length=max_seq_length)
-    return TrainData(data, BalanceConfig(**balance), batch_size, rank, world_size, seed)
+    data = DataConfig(train_dir=str(folder), streams=streams, num_workers=workers, max_seq_length=max_seq_length,
+                      max_predictions_per_seq=max_predictions)
+    return TrainData(data, BalanceConfig(**balance), batch_size, rank, world_size, seed, vocab_size=vocab_size)

@@ -149,8 +149,9 @@ def damage(path, offset: int) -> None:
 
 def test_bad_checkpoints_are_one_clear_error_naming_the_file_and_variable(tmp_path):
     unexpected = REPO / "tests" / "data" / "tf_unexpected" / "model.ckpt-1"
-    with pytest.raises(BadInput, match=r"model.ckpt-1.index: variable bert/encoder/layer_0/attention/self/rotary/kernel: unexpected name"):
-        convert(unexpected, CONFIG)
+    with pytest.raises(BadInput, match=r"model.ckpt-1.index: variable bert/encoder/layer_0/attention/self/rotary/kernel: unexpected name"
+                                       r" \(not a BERT pretraining weight or optimizer slot\), shape \[8, 8\]$"):
+        convert(unexpected, CONFIG)  # the shape itself (issue 16: the message once lacked its f-string)
     prefix = copy_checkpoint(tmp_path)
     ckpt = TFCheckpoint(prefix)
     entry = ckpt.entries["bert/pooler/dense/kernel"]
@@ -191,3 +192,42 @@ def test_the_command_line_exits_2_with_one_line_and_writes_nothing(tmp_path):
                       "--output", str(out))
     assert missing.code == 2 and f"{tmp_path / 'none.json'}: bert config not found" in missing.err
     assert list(tmp_path.iterdir()) == []
+
+
+def write_index(path, entries: dict[bytes, bytes]) -> None:
+    """A checkpoint index as TensorFlow writes it (a LevelDB table, uncompressed): one data block with
+    every entry, an empty metaindex block, an index block pointing at the data block, the footer."""
+    import struct
+
+    from trainer.data.prepare.protowire import encode_varint as v
+    from trainer.data.prepare.tfrecord import masked_crc
+    from trainer.tf_checkpoint import TABLE_MAGIC
+
+    def block(items):  # every key whole (shared prefix 0), one restart point at offset 0
+        body = b"".join(v(0) + v(len(k)) + v(len(value)) + k + value for k, value in items)
+        return body + struct.pack("<II", 0, 1)
+
+    out, handles = bytearray(), []
+    data = block(sorted(entries.items()))
+    for contents in (data, block([]), block([(max(entries), v(0) + v(len(data)))])):
+        handles.append(v(len(out)) + v(len(contents)))
+        out += contents + b"\0" + struct.pack("<I", masked_crc(contents + b"\0"))  # type 0: uncompressed
+    path.write_bytes(bytes(out) + (handles[1] + handles[2]).ljust(40, b"\0") + struct.pack("<Q", TABLE_MAGIC))
+
+
+def test_adam_weight_decay_optimizer_slots_are_skipped(tmp_path, converted):
+    """Google's BERT optimizer under TF2 names its slots var/AdamWeightDecayOptimizer(_1) (issue 16):
+    the fixture's checkpoint with its LAMB slots so renamed converts to the same model."""
+    from trainer.tf_checkpoint import read_table
+
+    prefix = copy_checkpoint(tmp_path)
+    index = prefix.with_name(prefix.name + ".index")
+    renamed = {key.replace(b"/LAMB", b"/AdamWeightDecayOptimizer"): value for key, value in read_table(index.read_bytes())}
+    write_index(index, renamed)
+    names = TFCheckpoint(prefix).names()
+    assert sum(n.endswith("/AdamWeightDecayOptimizer") for n in names) == sum(n.endswith("/AdamWeightDecayOptimizer_1") for n in names) > 0
+    assert not any("LAMB" in n for n in names) and len(names) == len(TFCheckpoint(PREFIX).names())
+    state = convert(prefix, CONFIG)
+    assert set(state) == set(converted)
+    for name, array in state.items():
+        assert torch.equal(torch.from_numpy(array), converted[name]), name

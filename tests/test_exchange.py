@@ -148,3 +148,44 @@ def test_warm_up_leaves_model_optimizer_data_and_rng_untouched(tmp_path, monkeyp
     finally:
         trainer.close()
         distributed.close()
+
+
+PACKS = [[0, 1], [2], [3, 4, 5]]  # each rank's six samples in three packs
+
+
+def packed_exchange_on_rank(rank, world, snake):
+    balance = BalanceConfig(exchange_padding="global", snake=snake)
+    data = DataConfig(train_dir="unused", max_seq_length=64, max_predictions_per_seq=10)
+    got = Exchange(balance, data, device="cpu")(local_samples(rank, 6), PACKS)
+    return [key(s) for s in got]
+
+
+def expected_packs(world: int, snake: bool) -> list[list[tuple]]:
+    """Each rank's samples when the group's packs are dealt by token count, in the order asked for."""
+    from trainer.balance import deal_order
+
+    units = [[key(local_samples(r, 6)[i]) for i in pack] for r in range(world) for pack in PACKS]
+    tokens = np.array([sum(len(k[0]) for k in unit) for unit in units])
+    return [[k for u in mine for k in units[u]] for mine in deal_order(tokens, world, snake)]
+
+
+@pytest.mark.parametrize("snake", [False, True])
+def test_packed_exchange_deals_packs_in_the_order_balance_snake_asks_for(snake):
+    """Issue 16: with packing the exchange dealt in snake order whatever balance.snake said."""
+    assert expected_packs(2, False) != expected_packs(2, True)  # the two orders differ on these packs
+    assert run_ranks(packed_exchange_on_rank, 2, snake) == expected_packs(2, snake)
+
+
+def test_a_vocabulary_beyond_int16_is_refused_and_the_largest_id_that_fits_survives_the_wire():
+    """Issue 16: token ids travel as int16; a vocabulary of more than 32,768 tokens would wrap silently."""
+    from pydantic import ValidationError
+
+    from trainer.config import ModelConfig
+    from trainer.exchange import decode, encode
+
+    with pytest.raises(ValidationError, match="less than or equal to 32768"):
+        ModelConfig(vocab_size=32769)
+    sample = local_samples(0, 1)[0]
+    sample.input_ids[1] = sample.masked_lm_ids[0] = 32767  # vocabulary of 32,768: the last id
+    (back,), _ = decode(encode([sample], np.zeros(1, np.int64), 64, 10), 64, 10)
+    assert key(back) == key(sample)

@@ -38,15 +38,13 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 import yaml
-from transformers import BertConfig, BertForPreTraining
-
 from gloo import free_port
 from synthetic import tiny_run_config
+from transformers import BertConfig, BertForPreTraining
 
 REPO = Path(__file__).resolve().parent.parent
 UPDATES = 101  # losses at updates 1..101: the last one is measured after 100 updates
@@ -191,9 +189,9 @@ def bertctl_micro_batches(train_dir: str, seed: int, streams: int, samples: int,
     The trainer's rank r reads stream r; read as one rank with the same streams, each micro-batch is
     rank 0's samples followed by rank 1's. (The only call into bertctl's data code.)
     """
-    from trainer.data.dataset import TrainData
+    from synthetic import train_data
 
-    data = TrainData(train_dir, 0, 1, samples, seed, num_streams=streams, workers=0)
+    data = train_data(train_dir, 0, 1, samples, seed, streams=streams, workers=0)
     try:
         return [data.next_samples()[0] for _ in range(count)]
     finally:

@@ -17,8 +17,9 @@ bias, as NVIDIA and Samsung do. The MLM decoder is tied to the word embeddings i
 dict also holds `cls.predictions.decoder.weight` (equal to the word embeddings) and
 `cls.predictions.decoder.bias` (equal to `cls.predictions.bias`), as Hugging Face's own state dict
 does, so that it loads with strict=True. Optimizer slots and counters (adam_m, adam_v, LAMB,
-LAMB_1, global_step, beta1_power, beta2_power, ...) are skipped; any other variable that maps to
-nothing, and any model weight the checkpoint lacks, is an error naming the variable.
+LAMB_1, AdamWeightDecayOptimizer(_1), Adam(_1), Momentum, global_step, beta1_power, beta2_power, ...)
+are skipped; any other variable that maps to nothing, and any model weight the checkpoint lacks, is
+an error naming the variable.
 """
 
 from __future__ import annotations
@@ -34,8 +35,12 @@ import numpy as np
 from trainer.data.prepare.errors import BadInput, PrepareError, StepFailed, report_failure
 from trainer.tf_checkpoint import TFCheckpoint
 
-# optimizer state and bookkeeping in the MLPerf checkpoint (LAMB) and in Google's (Adam)
-SKIPPED_PARTS = {"adam_m", "adam_v", "LAMB", "LAMB_1", "Momentum"}
+# optimizer state and bookkeeping in the MLPerf checkpoint (LAMB) and in Google's: its
+# AdamWeightDecayOptimizer names the slots adam_m/adam_v, or, built through TF2's v1 slot
+# machinery, after the optimizer (var/AdamWeightDecayOptimizer, var/AdamWeightDecayOptimizer_1),
+# as tf.train.AdamOptimizer does (var/Adam, var/Adam_1)
+SKIPPED_PARTS = {"adam_m", "adam_v", "LAMB", "LAMB_1", "Momentum", "AdamWeightDecayOptimizer",
+                 "AdamWeightDecayOptimizer_1", "Adam", "Adam_1"}
 SKIPPED_NAMES = {"global_step", "beta1_power", "beta2_power", "good_steps", "loss_scale", "current_loss_scale"}
 
 # TF name (with layer_N) -> (torch name with {n}, transpose)
@@ -137,7 +142,7 @@ def convert(tf_checkpoint: str | Path, bert_config: str | Path) -> dict[str, np.
         mapped = torch_name(name)
         if mapped is None or mapped[0] not in shapes:
             raise BadInput(ckpt.index_path, f"variable {name}: unexpected name (not a BERT pretraining weight "
-                                            "or optimizer slot), shape {list(ckpt.shape(name))}")
+                                            f"or optimizer slot), shape {list(ckpt.shape(name))}")
         target, transpose = mapped
         array = ckpt.read(name).astype(np.float32)
         state[target] = fit(array.T if transpose else array, shapes[target], name, target, ckpt)

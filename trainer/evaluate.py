@@ -30,15 +30,17 @@ def rank_slice(total: int, rank: int, world: int) -> tuple[int, int]:
     return start, start + chunk
 
 
-def read_eval_samples(eval_dir: str, count: int) -> list[Sample]:
-    """The first `count` samples of the eval file (or of a folder's shards, in name order)."""
+def read_eval_samples(eval_dir: str, count: int, vocab_size: int | None = None, max_seq_length: int | None = None,
+                      max_predictions: int | None = None) -> list[Sample]:
+    """The first `count` samples of the eval file (or of a folder's shards, in name order), each
+    shard validated against the limits given (see trainer.data.layout.Shard)."""
     path = Path(eval_dir)
     if not path.exists():
         raise DataError(f"{path}: eval data not found")
     files = [path] if path.is_file() else shard_files(path)
     samples: list[Sample] = []
     for f in files:
-        shard = Shard(f)
+        shard = Shard(f, vocab_size, max_seq_length, max_predictions)
         samples.extend(shard.samples(range(min(len(shard), count - len(samples)))))
         if len(samples) >= count:
             break
@@ -55,9 +57,12 @@ def unigram_baseline(samples: list[Sample]) -> float:
 
 
 class Evaluator:
-    def __init__(self, data: DataConfig, batch_size: int, rank: int, world: int, unpadded: bool, device):
+    def __init__(self, data: DataConfig, batch_size: int, rank: int, world: int, unpadded: bool, device,
+                 vocab_size: int | None = None, max_positions: int | None = None):
+        """The eval shards are checked against the model's vocabulary and positions (not the data section's
+        lengths: phase 1 trains at 128 tokens and evaluates on the 512-token set)."""
         start, end = rank_slice(data.eval_samples, rank, world)
-        everything = read_eval_samples(expand_path(data.eval_dir), data.eval_samples)
+        everything = read_eval_samples(expand_path(data.eval_dir), data.eval_samples, vocab_size, max_positions)
         self.baseline = unigram_baseline(everything)
         self.masked = sum(len(s.masked_lm_ids) for s in everything)
         mine = everything[start:end]

@@ -10,7 +10,10 @@ the loss normalised by the global number of masked tokens, is unchanged.
 
 Wire format: each sample is one int16 row [length, predictions, nsp, pack, ids..., segments...,
 positions..., masked ids...] padded to a fixed width, sent as float16 bits (NVIDIA's trick: NCCL
-has no int16, and an all_gather only copies bits).
+has no int16, and an all_gather only copies bits). int16 holds every token id of a vocabulary of
+at most 32,768 tokens, the limit the shards have too (trainer.data.layout stores ids as int16), so
+a larger vocabulary is refused when the exchange is built rather than widening the rows: int32
+would double the bytes every step exchanges and still not let such ids into a shard.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from trainer.data.layout import Sample
 
 class Exchange:
     def __init__(self, balance: BalanceConfig, data: DataConfig, device):
+        # token ids travel as int16 like the shards store them: ModelConfig.vocab_size is bounded to fit
         world, rank = dist.get_world_size(), dist.get_rank()
         self.size = world if balance.exchange_padding == "global" else balance.group_size
         self.snake = balance.snake
@@ -58,7 +62,7 @@ class Exchange:
             units.setdefault(key, []).append(i)
         whole = list(units.values())
         tokens = np.array([sum(len(pool[i]) for i in unit) for unit in whole])
-        mine = deal_order(tokens, self.size, snake=True)[self.index]
+        mine = deal_order(tokens, self.size, self.snake)[self.index]
         return [pool[i] for u in mine for i in whole[u]]
 
     def _all_gather(self, rows: torch.Tensor) -> list[torch.Tensor]:

@@ -105,9 +105,11 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(self.device.type, init_scale=cfg.runtime.init_loss_scale) \
             if cfg.runtime.precision == "fp16" else None
 
-        self.data = TrainData(cfg.data, cfg.balance, cfg.train.batch_size, self.env.rank, self.env.world_size, self.seed)
+        self.data = TrainData(cfg.data, cfg.balance, cfg.train.batch_size, self.env.rank, self.env.world_size, self.seed,
+                              vocab_size=cfg.model.vocab_size)
         self.evaluator = Evaluator(cfg.data, cfg.train.eval_batch_size, self.env.rank, self.env.world_size,
-                                   cfg.runtime.unpad, self.device) if cfg.data.eval_dir else None
+                                   cfg.runtime.unpad, self.device, vocab_size=cfg.model.vocab_size,
+                                   max_positions=cfg.model.max_position_embeddings) if cfg.data.eval_dir else None
         self.state = LoopState(next_eval=cfg.train.eval_start_samples or cfg.train.eval_interval)
         self.stop = StopSignal()
         self.metrics = (out / "metrics" / f"run_{args.run_index}.jsonl") if self.rank0 else None

@@ -56,7 +56,7 @@ class VocabSpec(Section):
 
     file: Optional[str] = Field(None, description="vocab.txt, one token per line; null: learn one into <root>/vocab.txt")
     learn: bool = Field(True, description="without a file: learn a vocabulary from the training text (false: a file is required)")
-    size: int = Field(30522, ge=16, description="size of a learned vocabulary, special tokens included")
+    size: int = Field(30522, ge=16, le=32768, description="size of a learned vocabulary, special tokens included")
     min_frequency: int = Field(2, ge=1)
     lower_case: bool = True
 

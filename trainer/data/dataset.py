@@ -18,14 +18,14 @@ from __future__ import annotations
 import concurrent.futures as cf
 import multiprocessing
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 
-import h5py
 import numpy as np
 
 from trainer.balance import pack_sequences, quotas_from_counts
 from trainer.config import BIN_EDGES, BalanceConfig, DataConfig, expand_path
-from trainer.data.layout import Sample, Shard, shard_files
+from trainer.data.layout import Sample, Shard, ShardError, sample_count, shard_files
 
 
 class DataError(Exception):
@@ -107,24 +107,37 @@ class ShardStream:
 
 
 class ShardLoader:
-    """Reads shards, the next one in a worker process while the current one is in use."""
+    """Reads shards, the next one in a worker process while the current one is in use. Each shard is
+    validated as it is read (against the run's vocabulary and sequence limits where given), so a
+    malformed one stops the run, naming the file and sample, before any of it is trained on."""
 
-    def __init__(self, workers: int):
+    def __init__(self, workers: int, vocab_size: int | None = None, max_seq_length: int | None = None,
+                 max_predictions: int | None = None):
         # spawn: the trainer process holds torch threads; a forked child of it is not safe
         self._pool = cf.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) if workers else None
         self._pending: dict[Path, cf.Future] = {}
+        self._open = partial(open_training_shard, vocab_size=vocab_size, max_seq_length=max_seq_length,
+                             max_predictions=max_predictions)
 
     def prefetch(self, path: Path) -> None:
         if self._pool is not None and path not in self._pending:
-            self._pending[path] = self._pool.submit(Shard, path)
+            self._pending[path] = self._pool.submit(self._open, path)
 
     def get(self, path: Path) -> Shard:
         future = self._pending.pop(path, None)
-        return future.result() if future is not None else Shard(path)
+        return future.result() if future is not None else self._open(path)
 
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def open_training_shard(path: Path, **limits) -> Shard:
+    """A validated shard with samples in it (a reader whose files were all empty would never advance)."""
+    shard = Shard(path, **limits)
+    if len(shard) == 0:
+        raise ShardError(f"{path}: no samples")
+    return shard
 
 
 class StratifiedStream:
@@ -201,7 +214,9 @@ class TrainData:
     packs, returned with the pack each sample belongs to (exchange padding moves whole packs).
     """
 
-    def __init__(self, data: DataConfig, balance: BalanceConfig, batch_size: int, rank: int, world_size: int, seed: int):
+    def __init__(self, data: DataConfig, balance: BalanceConfig, batch_size: int, rank: int, world_size: int, seed: int,
+                 vocab_size: int | None = None):
+        """`vocab_size`: the model's; every shard is checked against it and the data section's limits when opened."""
         num_streams = data.streams or world_size
         if num_streams % world_size or (batch_size * world_size) % num_streams:
             raise DataError(
@@ -209,7 +224,7 @@ class TrainData:
             )
         per_rank = num_streams // world_size
         self.per_stream = batch_size * world_size // num_streams
-        self.loader = ShardLoader(data.num_workers)
+        self.loader = ShardLoader(data.num_workers, vocab_size, data.max_seq_length, data.max_predictions_per_seq)
         mine = range(rank * per_rank, (rank + 1) * per_rank)
         folder = Path(expand_path(data.train_dir))
         if balance.stratified:
@@ -263,8 +278,4 @@ def _position_state(position) -> dict | list[dict]:
 
 def count_samples(files: list[Path]) -> int:
     """Samples in these shards, from the HDF5 headers only (no data is read)."""
-    total = 0
-    for f in files:
-        with h5py.File(f, "r") as h:
-            total += h["next_sentence_labels"].shape[0]
-    return total
+    return sum(sample_count(f) for f in files)

@@ -6,7 +6,7 @@ With a resolved dataset manifest (the orchestrator writes it):
     run     --manifest M --stage S --group J [--group-size G]
                                                      run tasks J*G .. J*G+G-1 of a stage (a Slurm array task)
     serve   --manifest M --stage S                   run the tasks whose indices arrive on stdin (local workers)
-    verify  --manifest M [--json]                    check a prepared dataset; exit 0 if every check passes
+    verify  --manifest M [--json]                    check a prepared dataset; exit 0 if no check fails
 
 Each step alone, on plain files:
 
@@ -88,7 +88,7 @@ def cmd_serve(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    from trainer.data.prepare.verify import print_report, verify
+    from trainer.data.prepare.verify import exit_code, print_report, verify
 
     plan = load_plan(args.manifest)
     checks = verify(plan, stats_files=args.stats_files)
@@ -96,7 +96,7 @@ def cmd_verify(args) -> int:
         print(json.dumps([c.as_json() for c in checks], indent=1))
     else:
         print_report(plan, checks, sys.stdout)
-    return 0 if all(c.ok for c in checks) else 1
+    return exit_code(checks)
 
 
 # ---- the steps alone
@@ -178,7 +178,8 @@ def parser() -> argparse.ArgumentParser:
     c = command("verify", cmd_verify, "check a prepared dataset")
     c.add_argument("--manifest", required=True)
     c.add_argument("--json", action="store_true")
-    c.add_argument("--stats-files", type=int, default=None, help="statistics from at most N files per output (evenly spread)")
+    c.add_argument("--stats-files", type=int, default=None,
+                   help="statistics and digests from at most N files per output (evenly spread); every file is still validated")
 
     def sample_shape(c, layout="varlen"):
         c.add_argument("--max-seq-length", type=int, default=512)

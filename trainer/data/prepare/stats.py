@@ -47,19 +47,11 @@ class ShardStats:
 
 def shard_stats(path: str | Path, mask_id: int | None, length_range: tuple[int, int] | None = None) -> ShardStats:
     """Statistics of one shard; `length_range` (inclusive) is the bin its lengths must be in."""
-    shard = Shard(path)
-    return columns_stats(*_columns(shard), mask_id=mask_id, length_range=length_range)
+    return stats_of(Shard(path), mask_id, length_range)
 
 
-def _columns(shard: Shard):
-    samples = [shard.sample(i) for i in range(len(shard))]
-    def cat(name):
-        arrays = [getattr(s, name) for s in samples]
-        return np.concatenate(arrays).astype(np.int64) if arrays else np.zeros(0, np.int64)
-    lengths = np.array([len(s.input_ids) for s in samples], np.int64)
-    k = np.array([len(s.masked_lm_positions) for s in samples], np.int64)
-    return (lengths, cat("input_ids"), cat("segment_ids"), k, cat("masked_lm_positions"),
-            cat("masked_lm_ids"), shard.nsp.astype(np.int64))
+def stats_of(shard: Shard, mask_id: int | None, length_range: tuple[int, int] | None = None) -> ShardStats:
+    return columns_stats(*shard.columns(), mask_id=mask_id, length_range=length_range)
 
 
 def columns_stats(lengths, ids, segments, k, positions, labels, nsp, mask_id: int | None,

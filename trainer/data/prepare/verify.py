@@ -1,11 +1,14 @@
 """`bertctl data verify`: is a prepared dataset what its manifest says, and intact?
 
 Per output: the files are all there; the sample counts match what the build recorded and the
-manifest's expectations; every length is in its bin and every sample well formed; the masked share
-of tokens, the [MASK]/random/kept split and the share of random next sentences are within the
-manifest's tolerances; each file's content digest matches the one recorded when it was written.
-Plus the phase-1 checkpoint's input files and converted output, where the manifest has one.
-Each check passes, fails, or is skipped with the reason.
+manifest's expectations; every file is read whole and every sample well formed (the trainer's own
+validation, trainer.data.layout.Shard: token ids inside the vocabulary, masked positions inside the
+sequence, labels 0/1, lengths and predictions within the output's limits) and every length in its
+bin; the masked share of tokens, the [MASK]/random/kept split and the share of random next sentences
+are within the manifest's tolerances (on `--stats-files N` of the files, when given); each file's
+content digest matches the one recorded when it was written. Plus the phase-1 checkpoint's input
+files and converted output, where the manifest has one. Each check passes, fails, or is skipped with
+the reason; a skipped check is not a failure.
 """
 
 from __future__ import annotations
@@ -15,16 +18,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TextIO
 
-import h5py
 import numpy as np
 
 from trainer.config import DatasetOutput
-from trainer.data.layout import ShardError
+from trainer.data.layout import Shard, ShardError, sample_count
 from trainer.data.prepare import files
 from trainer.data.prepare.bins import bin_counts, bin_names
 from trainer.data.prepare.plan import Plan
-from trainer.data.prepare.stages import mask_token_id
-from trainer.data.prepare.stats import ShardStats, shard_stats
+from trainer.data.prepare.stats import ShardStats, stats_of
+from trainer.data.prepare.vocab import read_vocab
 
 
 @dataclass
@@ -44,12 +46,20 @@ class Check:
 def verify(plan: Plan, stats_files: int | None = None) -> list[Check]:
     checks = [built_check(plan)]
     record = files.read_json(plan.prepared) if plan.prepared.exists() else None
-    mask_id = mask_token_id(plan)
+    vocab = vocabulary(plan)
+    mask_id = vocab.index("[MASK]") if vocab and "[MASK]" in vocab else None
     for name, out in plan.manifest.outputs.items():
-        checks += output_checks(plan, name, out, (record or {}).get("outputs", {}).get(name), mask_id, stats_files)
+        checks += output_checks(plan, name, out, (record or {}).get("outputs", {}).get(name), mask_id,
+                                len(vocab) if vocab else None, stats_files)
     if plan.manifest.checkpoint is not None:
         checks += checkpoint_checks(plan)
     return checks
+
+
+def vocabulary(plan: Plan) -> list[str] | None:
+    """The dataset's tokens by id (the manifest's vocab file, or the one learned at build time), if there is one."""
+    path = plan.vocab_file
+    return read_vocab(path) if path is not None and path.exists() else None
 
 
 def built_check(plan: Plan) -> Check:
@@ -62,34 +72,40 @@ def built_check(plan: Plan) -> Check:
 
 
 def output_checks(plan: Plan, name: str, out: DatasetOutput, record: dict | None, mask_id: int | None,
-                  stats_files: int | None) -> list[Check]:
+                  vocab_size: int | None, stats_files: int | None) -> list[Check]:
+    """Every present file is opened and validated; statistics and digests come from `stats_files` of them."""
     paths = plan.output_files(name)
     missing = [p for p in paths if not p.is_file()]
     checks = [Check(f"{name}: files", not missing,
                     f"{len(paths) - len(missing)} of {len(paths)} present" + (f"; missing {missing[0]}" if missing else ""))]
     present = [p for p in paths if p.is_file()]
     chosen = set(spread(present, stats_files))
-    total, per_file, unreadable = ShardStats(), {}, []
+    total, per_file, broken = ShardStats(), {}, []
     counted = 0
     for path in present:
         try:
-            if path in chosen:
-                st = shard_stats(path, mask_id, length_range(plan, name, out, path))
-                per_file[path] = st
-                total.add(st)
-                counted += st.samples
-            else:
-                counted += count_samples(path)
-        except (ShardError, OSError) as e:
-            unreadable.append(f"{path}: {e}")
-    if unreadable:
-        checks.append(Check(f"{name}: readable", False, unreadable[0]))
+            shard = Shard(path, vocab_size, out.max_seq_length, out.max_predictions)
+        except ShardError as e:
+            broken.append(str(e))
+            counted += header_count(path)  # one fault, one failed check: the count stays right where it can
+            continue
+        counted += len(shard)
+        if path in chosen:
+            per_file[path] = stats_of(shard, mask_id, length_range(plan, name, out, path))
+            total.add(per_file[path])
     checks.append(count_check(plan, name, counted, record))
-    checks.append(shape_check(name, out, total))
+    checks.append(shape_check(name, out, total, broken, vocab_size, len(present)))
     if total.samples:
-        checks += statistics_checks(plan, name, total, mask_id, subset=len(chosen) < len(present))
+        checks += statistics_checks(plan, name, total, mask_id, subset=len(per_file) < len(present))
     checks.append(digest_check(plan, name, paths, per_file, record))
     return checks
+
+
+def header_count(path: Path) -> int:
+    try:
+        return sample_count(path)
+    except ShardError:
+        return 0
 
 
 def spread(paths: list[Path], n: int | None) -> list[Path]:
@@ -103,11 +119,6 @@ def length_range(plan: Plan, name: str, out: DatasetOutput, path: Path) -> tuple
         return (1, out.max_seq_length)
     b = bin_names(out.bins).index(path.parent.name)
     return (1 if b == 0 else out.bins[b - 1] + 1, out.bins[b])
-
-
-def count_samples(path: Path) -> int:
-    with h5py.File(path, "r") as f:
-        return len(f["next_sentence_labels"])
 
 
 def count_check(plan: Plan, name: str, counted: int, record: dict | None) -> Check:
@@ -125,15 +136,17 @@ def count_check(plan: Plan, name: str, counted: int, record: dict | None) -> Che
     return Check(f"{name}: samples", not problems, f"{counted} samples" + (": " + "; ".join(problems) if problems else ""))
 
 
-def shape_check(name: str, out: DatasetOutput, total: ShardStats) -> Check:
-    problems = list(total.problems)
-    longest = len(total.length_histogram) - 1
-    if longest > out.max_seq_length:
-        problems.append(f"a sequence of {longest} tokens (max_seq_length {out.max_seq_length})")
-    if total.max_predictions_seen > out.max_predictions:
-        problems.append(f"{total.max_predictions_seen} predictions in a sample (max_predictions {out.max_predictions})")
+def shape_check(name: str, out: DatasetOutput, total: ShardStats, broken: list[str], vocab_size: int | None,
+                files_read: int) -> Check:
+    """Every file's samples as the trainer will validate them, plus the bins and ordering of the files
+    read for statistics."""
+    problems = broken[:1] + (["and {} more file(s)".format(len(broken) - 1)] if len(broken) > 1 else []) + total.problems
+    if problems:
+        return Check(f"{name}: well formed", False, "; ".join(problems))
     where = "every length in its bin" if out.bins else f"lengths 1-{out.max_seq_length}"
-    return Check(f"{name}: lengths", not problems, "; ".join(problems) if problems else f"{where}, samples well formed")
+    ids = f"token ids < {vocab_size}" if vocab_size else "token ids not checked against a vocabulary (none found)"
+    return Check(f"{name}: well formed", True, f"{files_read} file(s) read whole: {where}, at most "
+                 f"{out.max_predictions} predictions, {ids}, labels 0/1")
 
 
 def statistics_checks(plan: Plan, name: str, total: ShardStats, mask_id: int | None, subset: bool) -> list[Check]:
@@ -226,8 +239,14 @@ def print_report(plan: Plan, checks: list[Check], out: TextIO) -> None:
         hist = record.get("outputs", {}).get(name, {}).get("stats", {}).get("length_histogram")
         if hist:
             print(f"  {name}: lengths {histogram_line(hist, out_cfg)}", file=out)
-    failed = sum(c.ok is False for c in checks)
-    print(f"{len(checks) - failed} of {len(checks)} checks passed" + (f", {failed} failed" if failed else ""), file=out)
+    passed, skipped, failed = (sum(c.ok is value for c in checks) for value in (True, None, False))
+    print(f"{passed} of {len(checks)} checks passed" + (f", {skipped} skipped" if skipped else "")
+          + (f", {failed} failed" if failed else ""), file=out)
+
+
+def exit_code(checks: list[Check]) -> int:
+    """0 exactly when no check failed (a skipped check is not a failure), else 1."""
+    return 1 if any(c.ok is False for c in checks) else 0
 
 
 def histogram_line(hist: list[int], out: DatasetOutput) -> str:
