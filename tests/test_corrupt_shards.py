@@ -331,7 +331,7 @@ def test_python_m_trainer_stops_at_a_broken_shard_read_by_a_prefetch_worker(run_
                           capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parent.parent)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and lines == [
-        f"error: {broken}: sample {BAD}: token id -3 in input_ids is outside the vocabulary (non-negative)"], proc.stderr[-2000:]
+        f"error: {broken}: sample {BAD}: token id -3 in input_ids is outside the vocabulary (0-63)"], proc.stderr[-2000:]
 
 
 # ---- (c) data verify
