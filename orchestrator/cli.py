@@ -158,6 +158,17 @@ def _cell(value) -> str:
     return "-" if value is None else (json.dumps(value) if isinstance(value, (list, dict)) else str(value))
 
 
+def cmd_rehearsal(args: argparse.Namespace) -> int:
+    from orchestrator import experiments, rehearsal
+
+    verdict = rehearsal.assess(experiments.find(args.experiment))
+    if args.json:
+        print(json.dumps(verdict.as_json(), indent=2))
+    else:
+        rehearsal.print_verdict(verdict, console(sys.stdout))
+    return 0 if verdict.passed else 1
+
+
 def cmd_compliance_check(args: argparse.Namespace) -> int:
     from orchestrator import resultset, verdict
 
@@ -348,6 +359,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("first", help="an experiment id (or unique prefix, or `last`)").completer = complete_experiments
     p.add_argument("second", help="an experiment id (or unique prefix, or `last`)").completer = complete_experiments
     p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+    p = verb("rehearsal", cmd_rehearsal, "check every rank's report of a launch probe (submit --probe): "
+             "ranks, nodes, GPUs, CPU sets, rendezvous, shards, exchange groups, container, seeds")
+    experiment_arg(p)
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout instead of the table")
     p = verb("compliance-check", cmd_compliance_check,
              "judge a set of runs with the official MLPerf tools: checker per log, olympic score, RCP")
     experiment_arg(p, nargs="?")

@@ -30,8 +30,12 @@ def follow(exp: Experiment, console) -> int:
     say(f"{exp.id}: {final.state.value}")
     if final.state != State.COMPLETED:
         return 1
-    if exp.program != "train":
-        return 0
+    if exp.program == "probe":
+        from orchestrator import rehearsal
+
+        verdict = rehearsal.assess(exp)
+        rehearsal.print_verdict(verdict, console)
+        return 0 if verdict.passed else 1
     return 0 if judge(exp, console) else 1
 
 

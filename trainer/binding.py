@@ -46,6 +46,8 @@ from trainer.topology import (
     read_topology,
 )
 
+TOPOLOGY_ROOT_VARIABLE = "BERTCTL_TOPOLOGY_ROOT"
+ALL_CPUS = set(range(1 << 14))  # a copied tree's CPUs are not this machine's: take them all
 PLAN_VARIABLE = "BERTCTL_BINDING"
 
 
@@ -238,8 +240,11 @@ def main(argv: list[str] | None = None) -> int:
     opts = parser.parse_args(args[:split])
     command = args[split + 1:]
     policy = Policy(opts.cpu, opts.mem, opts.ib, tuple(d for d in opts.ib_devices.split(",") if d))
+    # A launch rehearsal on a machine that is not the target reads the target's topology from a copy
+    # of its /sys and /proc tree and only computes the plan (bertctl submit --probe, benchmarks/rehearsal.py).
+    root = os.environ.get(TOPOLOGY_ROOT_VARIABLE, "/")
     try:
-        plan = describe(policy, opts.tasks_per_node)
+        plan = describe(policy, opts.tasks_per_node, root=root, allowed=None if root == "/" else ALL_CPUS)
     except ValueError as e:
         print(f"error: binding rank {detect().rank}: {e}", file=sys.stderr)
         return 2
@@ -247,6 +252,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"binding: rank {plan['rank']}: {plan['fallback']}", file=sys.stderr, flush=True)
     os.environ.update(plan["env"])
     os.environ[PLAN_VARIABLE] = json.dumps(plan, sort_keys=True)
+    if root != "/":
+        os.execvp(command[0], command)  # planned for another machine: nothing to apply here
     return exec_bound(plan, opts.mem != "none", command)
 
 

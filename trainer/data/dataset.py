@@ -73,8 +73,7 @@ class ShardStream:
         self._order: np.ndarray | None = None
 
     def my_files(self, epoch: int) -> list[Path]:
-        order = np.random.default_rng([self.seed, self.salt, epoch]).permutation(len(self.files))
-        return [self.files[i] for i in order[self.stream::self.num_streams]]
+        return stream_files(self.files, self.stream, self.num_streams, self.seed, self.salt, epoch)
 
     def take(self, n: int) -> list[Sample]:
         out: list[Sample] = []
@@ -104,6 +103,32 @@ class ShardStream:
         self.position.file += 1
         if self.position.file >= len(self.my_files(self.position.epoch)):
             self.position = StreamPosition(epoch=self.position.epoch + 1)
+
+
+def stream_files(files: list[Path], stream: int, num_streams: int, seed: int, salt: int, epoch: int) -> list[Path]:
+    """The files stream `stream` of `num_streams` reads in `epoch`: its share of a seeded shuffle."""
+    order = np.random.default_rng([seed, salt, epoch]).permutation(len(files))
+    return [files[i] for i in order[stream::num_streams]]
+
+
+def rank_files(data: DataConfig, balance: BalanceConfig, rank: int, world_size: int, seed: int) -> list[Path]:
+    """Every shard this rank reads in the first epoch, without opening any (what the launch probe reports)."""
+    num_streams = data.streams or world_size
+    per_rank = num_streams // world_size
+    folder = Path(expand_path(data.train_dir))
+    if balance.stratified:
+        groups = [shard_files(b) for b in bin_folders(folder)]
+        if not groups:
+            raise DataError(f"{folder}: stratified batches need the 4-bin layout (subfolders 128/256/384/512)")
+    else:
+        groups = [training_files(folder)]
+    for files in groups:
+        if len(files) < num_streams:
+            raise DataError(f"{files[0].parent if files else folder}: {len(files)} shard(s) for {num_streams} readers; "
+                            "each reader needs at least one")
+    salts = range(1, len(groups) + 1) if balance.stratified else [0]
+    return [f for files, salt in zip(groups, salts) for s in range(rank * per_rank, (rank + 1) * per_rank)
+            for f in stream_files(files, s, num_streams, seed, salt, 0)]
 
 
 class ShardLoader:
