@@ -13,8 +13,6 @@ import json
 import re
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
-from pathlib import Path
-
 from orchestrator import configfile, status
 from orchestrator.errors import UserError
 from orchestrator.experiments import Experiment
@@ -49,9 +47,13 @@ class Verdict:
         return {**asdict(self), "passed": self.passed}
 
 
-def read_reports(log: Path) -> list[dict]:
+def read_reports(exp: Experiment, run: int) -> list[dict]:
+    """Every rank's whole report (probe/run_N/rank_R.json); the log's short lines where there are none."""
+    files = sorted((exp.path / "probe" / f"run_{run}").glob("rank_*.json"))
+    if files:
+        return [json.loads(f.read_text()) for f in files]
     try:
-        lines = log.read_text(errors="replace").splitlines()
+        lines = exp.log_file(run).read_text(errors="replace").splitlines()
     except OSError:
         return []
     return [json.loads(m.group(1)) for line in lines if (m := PROBE_LINE.match(line))]
@@ -68,7 +70,7 @@ def assess(exp: Experiment) -> Verdict:
     verified = 0
     seeds = []
     for run in range(exp.nexp):
-        reports = read_reports(exp.log_file(run))
+        reports = read_reports(exp, run)
         if not reports:
             checks.append(launch_failure(exp, run, view.runs[run]))
             continue
@@ -86,10 +88,23 @@ def assess(exp: Experiment) -> Verdict:
 
 def launch_failure(exp: Experiment, run: int, rv) -> Check:
     """A run without reports: its job failed before the ranks ran (a pyxis option, a missing venv ...)."""
-    line = rv.error or status.last_error(exp, run, status.JobInfo(rv.job_id, rv.state)) or "no rank reported"
+    line = pyxis_error(exp, run) or rv.error or "no rank reported"
     pyxis = PYXIS_ERROR.search(line)
     key = f"container.{pyxis.group(1)}" if pyxis else None
     return Check(f"run {run}: launch", False, f"{rv.state.value}: {line}" if rv.state != State.COMPLETED else line, key)
+
+
+def pyxis_error(exp: Experiment, run: int) -> str | None:
+    """The container runtime's own complaint, which says more than the script's line after it."""
+    for path in [exp.log_file(run), *sorted(exp.path.glob("slurm-*.out"))]:
+        try:
+            lines = path.read_text(errors="replace").splitlines()
+        except OSError:
+            continue
+        found = [line.strip() for line in lines if PYXIS_ERROR.search(line)]
+        if found:
+            return found[0]
+    return None
 
 
 def rank_checks(reports: list[dict], cluster: dict) -> list[Check]:

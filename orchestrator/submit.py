@@ -29,6 +29,7 @@ from trainer.config import PathError, expand_path
 def submit(cluster: LoadedCluster, nexp: int, program: str = "train") -> Experiment:
     """Validate against the scheduler, write the experiment, submit it. Returns the recorded experiment."""
     config = cluster.config
+    check_program(cluster, program)
     script = rendering.render(cluster, nexp=nexp, program=program)
     if config.executor == "slurm":
         check_slurm_request(cluster)
@@ -94,9 +95,17 @@ def test_only(cluster: LoadedCluster, nexp: int, program: str = "train") -> str:
     return message
 
 
+def check_program(cluster: LoadedCluster, program: str) -> None:
+    if program == "probe" and cluster.config.executor != "slurm":
+        raise UserError("--probe rehearses a Slurm launch; this cluster runs on this machine (executor local)",
+                        where=str(cluster.source), key="executor")
+
+
 def check_slurm_request(cluster: LoadedCluster) -> None:
-    """Reject what the cluster cannot run (too many nodes for the partition) before submitting."""
+    """Reject what the cluster cannot run (too many nodes for the partition, more GPUs per node than
+    its nodes have) before submitting."""
     require_slurm()
+    check_gpus(cluster)
     partition = cluster.config.slurm.partition
     command = ["sinfo", "-h", "-o", "%D"] + (["-p", partition] if partition else [])
     out = subprocess.run(command, capture_output=True, text=True)
@@ -109,6 +118,34 @@ def check_slurm_request(cluster: LoadedCluster) -> None:
             raise UserError(f"asks for {wanted} nodes but {where} has {available}", where=str(cluster.path), key="resources.nodes")
     elif partition and out.returncode == 0:
         raise UserError(f"Slurm knows no partition '{partition}'", where=str(cluster.path), key="slurm.partition")
+
+
+def check_gpus(cluster: LoadedCluster) -> None:
+    """The partition's nodes must have the GPUs a node of the job asks for (sinfo's gres column)."""
+    wanted = cluster.config.resources.gpus_per_node
+    if not wanted:
+        return
+    partition = cluster.config.slurm.partition
+    out = subprocess.run(["sinfo", "-h", "-o", "%G"] + (["-p", partition] if partition else []),
+                         capture_output=True, text=True)
+    if out.returncode:
+        return  # sbatch will say it
+    counts = [gres_gpus(g) for g in out.stdout.split()]
+    most = max(counts, default=0)
+    if most < wanted:
+        where = f"partition {partition}" if partition else "this cluster"
+        raise UserError(f"asks for {wanted} GPUs per node but the nodes of {where} have {most}",
+                        where=str(cluster.path), key="resources.gpus_per_node")
+
+
+def gres_gpus(gres: str) -> int:
+    """'gpu:8', 'gpu:a100:8(S:0-1)', 'gpu:8,shard:4' -> 8; '(null)' -> 0."""
+    total = 0
+    for item in gres.split(","):
+        parts = item.split("(")[0].split(":")
+        if parts[0] == "gpu" and parts[-1].isdigit():
+            total += int(parts[-1])
+    return total
 
 
 def require_slurm() -> None:

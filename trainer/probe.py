@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from pathlib import Path
 
 from trainer import binding
 from trainer.config import RunConfig, load_run_config
@@ -73,12 +74,18 @@ def container_options(env: dict[str, str]) -> dict | None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainer.probe")
     parser.add_argument("--config", help="run.yaml: report the shards and exchange group the run would use")
-    parser.add_argument("--out", help="accepted for the trainer's command line; unused")
+    parser.add_argument("--out", help="the experiment folder: the whole report goes to probe/run_N/rank_R.json there")
     parser.add_argument("--run-index", type=int, default=int(os.environ.get("BERTCTL_RUN_INDEX", "0")))
     parser.add_argument("--seed", type=int, default=int(os.environ.get("BERTCTL_SEED", "0")))
     args = parser.parse_args(argv)
     cfg = load_run_config(args.config) if args.config else None
-    print(MARKER + json.dumps(report(cfg, args.run_index, args.seed), sort_keys=True), flush=True)
+    info = report(cfg, args.run_index, args.seed)
+    if args.out:  # in full to a file: srun splits long lines, and a rank may read thousands of shards
+        path = Path(args.out) / "probe" / f"run_{args.run_index}" / f"rank_{info['rank']}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(info, sort_keys=True))
+    short = {k: v for k, v in info.items() if k != "shards"} | {"shard_count": len(info.get("shards") or [])}
+    print(MARKER + json.dumps(short, sort_keys=True), flush=True)
     return 0
 
 
