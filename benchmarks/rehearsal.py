@@ -69,6 +69,7 @@ def overrides(cluster: str, nodes: int, work: Path) -> list[str]:
         "resources.nodes": str(nodes),
         "run.train.global_batch_size": str(nodes * c.resources.tasks_per_node * per_rank_batch),
         "container.python": sys.executable,
+        "container.install": "wheel",  # a stock image: the job installs this bertctl first
         "container.mounts": json.dumps(mounts),
         "experiments_dir": str(work / "experiments"),
         "node.env.BERTCTL_TOPOLOGY_ROOT": str(work / "dgx_a100"),
@@ -80,6 +81,7 @@ def overrides(cluster: str, nodes: int, work: Path) -> list[str]:
 
 def prepare_host(cluster: str, work: Path) -> None:
     from fake_node import dgx_a100
+
     from orchestrator.clusters import load_cluster
 
     c = load_cluster(cluster).config

@@ -109,6 +109,9 @@ class ContainerConfig(Section):
     workdir: Optional[str] = None
     python: str = "python3"
     venv: Optional[str] = None
+    # image: bertctl is in the image; wheel: a stock PyTorch image, and the job installs the submitting
+    # bertctl (a wheel built at submit time into the experiment) before the runs
+    install: Literal["image", "wheel"] = "image"
 
     @model_validator(mode="after")
     def _complete(self) -> "ContainerConfig":
@@ -116,6 +119,8 @@ class ContainerConfig(Section):
             raise ConfigProblem("image", "kind pyxis needs an image (docker://... or a .sqsh path)")
         if self.kind == "none" and (self.image or self.mounts or self.preload_dir):
             raise ConfigProblem("kind", "image, mounts and preload_dir need kind pyxis")
+        if self.install == "wheel" and self.kind != "pyxis":
+            raise ConfigProblem("install", "wheel installs bertctl into a container image: needs kind pyxis")
         if self.kind == "pyxis" and self.venv:
             raise ConfigProblem("venv", "is for kind none (the container brings its own Python)")
         if not NAME_RE.match(self.name):

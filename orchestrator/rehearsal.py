@@ -13,6 +13,7 @@ import json
 import re
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
+
 from orchestrator import configfile, status
 from orchestrator.errors import UserError
 from orchestrator.experiments import Experiment
@@ -148,7 +149,8 @@ def ranks_once(reports: list[dict], world: int) -> Check:
 def node_layout(by_node: dict, nodes: int, per_node: int) -> Check:
     wrong = {n: len(rs) for n, rs in by_node.items() if len(rs) != per_node}
     ok = len(by_node) == nodes and not wrong
-    detail = f"{len(by_node)} node(s) x {per_node} task(s)" + (f"; nodes with other counts: {dict(list(wrong.items())[:4])}" if wrong else "")
+    others = f"; nodes with other counts: {dict(list(wrong.items())[:4])}" if wrong else ""
+    detail = f"{len(by_node)} node(s) x {per_node} task(s){others}"
     return Check("tasks per node", ok, detail, None if ok else "resources.tasks_per_node")
 
 

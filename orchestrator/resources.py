@@ -33,3 +33,9 @@ def search_dirs(kind: str) -> list[Path]:
     env = {"clusters": "BERTCTL_CLUSTERS", "datasets": "BERTCTL_DATASETS"}.get(kind)
     user = [Path(p).expanduser() for p in os.environ.get(env, "").split(":") if p] if env else []
     return user + [shipped_dir(kind)]
+
+
+def source_root() -> Path | None:
+    """The source checkout this bertctl runs from (an editable install), or None for an installed package."""
+    top = Path(__file__).resolve().parent.parent
+    return top if (top / "pyproject.toml").is_file() else None

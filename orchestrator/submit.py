@@ -18,10 +18,10 @@ from pathlib import Path
 
 import yaml
 
-from orchestrator import experiments, scheduler
+from orchestrator import experiments, resources, scheduler
 from orchestrator import render as rendering
 from orchestrator.clusters import LoadedCluster
-from orchestrator.errors import UserError
+from orchestrator.errors import UserError, WorkFailed
 from orchestrator.experiments import Experiment
 from trainer.config import PathError, expand_path
 
@@ -48,6 +48,8 @@ def submit(cluster: LoadedCluster, nexp: int, program: str = "train") -> Experim
     }
     exp = experiments.create(exp, files, home=experiments_home(cluster))
     try:
+        if config.container.install == "wheel":
+            build_wheel(exp.path / "wheels")
         job_ids = launch(exp)
     except BaseException:
         experiments.remove(exp)  # nothing reached the scheduler: leave nothing behind
@@ -71,6 +73,20 @@ def launch(exp: Experiment, runs: list[int] | None = None) -> list[str]:
     if exp.array:
         return [f"{job}_{i}" for i in (runs if runs is not None else range(exp.nexp))]
     return [job]
+
+
+def build_wheel(folder: Path) -> Path:
+    """A wheel of this bertctl (its source checkout) for a job on a stock image to install."""
+    source = resources.source_root()
+    if source is None:
+        raise UserError("wheel builds bertctl from its source checkout, and this bertctl was installed from a "
+                        "package: use an image with bertctl (see the Dockerfile)", key="container.install")
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(folder), str(source)],
+                          capture_output=True, text=True)
+    wheels = sorted(folder.glob("bertctl-*.whl"))
+    if proc.returncode or not wheels:
+        raise WorkFailed(f"building bertctl's wheel failed: {_last_line(proc.stderr)}")
+    return wheels[-1]
 
 
 def job_environment(container: str) -> dict[str, str]:
