@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.usefixtures("slur
 
 UPDATES = 40
 FIXED = dict(optim={"max_steps": UPDATES, "clip": "after_allreduce"},
-             train={"target_accuracy": 0.99, "eval_every_samples": 10**6, "eval_start_samples": 10**6},
+             train={"target_accuracy": 0.99, "eval_every_samples": 320, "eval_start_samples": 320},
              model={"hidden_dropout": 0.0, "attention_dropout": 0.0}, runtime={"num_threads": 1},
              mlperf={"division": "open"}, data={"eval_samples": 100})
 

@@ -9,7 +9,7 @@ import sys
 import torch
 import torch.distributed as dist
 
-from trainer.config import RunConfig
+from trainer.config import RunConfig, RuntimeConfig
 from trainer.dist_env import DistEnv, detect
 
 _group_created = False  # set once this process has joined a process group (see exit_process)
@@ -26,6 +26,7 @@ def init(cfg: RunConfig) -> tuple[DistEnv, torch.device]:
             f"run.yaml was made for {cfg.world_size} rank(s) (world_size) but the launcher started {env.world_size}"
         )
     device = _device(cfg, env)
+    check_kernels(cfg.runtime, device)
     # bucket-wise clipping lives in a DDP hook, so even a single rank gets a (one-member) group
     if env.world_size > 1 or cfg.optim.clip == "bucket":
         kwargs = {}
@@ -50,12 +51,26 @@ def _device(cfg: RunConfig, env: DistEnv) -> torch.device:
             torch.set_num_threads(cfg.runtime.num_threads)
         return torch.device("cpu")
     if not torch.cuda.is_available():
-        raise LaunchError("runtime.device is cuda but this machine has no usable CUDA device")
+        raise LaunchError("runtime.device is cuda but this machine has no usable CUDA device "
+                          "(run on a GPU node, or set runtime.device=cpu)")
     if env.local_rank >= torch.cuda.device_count():
         raise LaunchError(f"local rank {env.local_rank} has no GPU: {torch.cuda.device_count()} visible "
                           f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')})")
     torch.cuda.set_device(env.local_rank)
     return torch.device("cuda", env.local_rank)
+
+
+def check_kernels(runtime: RuntimeConfig, device: torch.device) -> None:
+    """What the run asks of this node's software and GPU, before any rank trains: one line naming the key."""
+    if runtime.kernels == "apex":
+        try:
+            import apex  # noqa: F401
+        except ImportError:
+            raise LaunchError("runtime.kernels: apex is asked for but cannot be imported on this node "
+                              "(install NVIDIA apex in the image, or set runtime.kernels=torch)") from None
+    if device.type == "cuda" and runtime.precision == "bf16" and not torch.cuda.is_bf16_supported():
+        raise LaunchError(f"runtime.precision: bf16 is not supported by {torch.cuda.get_device_name(device)} "
+                          "(use fp16 or fp32)")
 
 
 def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:

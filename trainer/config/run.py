@@ -138,6 +138,9 @@ class BalanceConfig(Section):
     # about two sequences each), packed best-fit from windows of pack_window samples
     packing: bool = False
     pack_window: int = Field(1024, ge=1)
+    # at most this many sequences in a pack (NVIDIA's PACKING_FACTOR); with it, the global batch counts
+    # sequences: ranks x batch_size x accumulation x pack_sequences. None: no limit, the batch counts packs
+    pack_sequences: Optional[int] = Field(None, ge=1)
 
     @model_validator(mode="after")
     def _consistent(self) -> "BalanceConfig":
@@ -213,12 +216,14 @@ class RunConfig(Section):
         """Rules that tie sections together, each checked here and nowhere else."""
         problems = []
         t, rt, bal = self.train, self.runtime, self.balance
-        expected = self.world_size * t.batch_size * t.gradient_accumulation_steps
+        per_row = bal.pack_sequences if bal.packing and bal.pack_sequences else 1
+        expected = self.world_size * t.batch_size * t.gradient_accumulation_steps * per_row
         if t.global_batch_size != expected:
-            problems.append(ConfigProblem(
-                "train.global_batch_size",
-                f"is {t.global_batch_size} but ranks x batch_size x gradient_accumulation_steps = "
-                f"{self.world_size} x {t.batch_size} x {t.gradient_accumulation_steps} = {expected}"))
+            names = "ranks x batch_size x gradient_accumulation_steps"
+            values = f"{self.world_size} x {t.batch_size} x {t.gradient_accumulation_steps}"
+            if per_row > 1:
+                names, values = names + " x pack_sequences", values + f" x {per_row}"
+            problems.append(ConfigProblem("train.global_batch_size", f"is {t.global_batch_size} but {names} = {values} = {expected}"))
         if rt.device == "cpu":
             cuda_only = {"backend": rt.backend == "nccl", "precision": rt.precision != "fp32", "kernels": rt.kernels == "apex"}
             problems += [ConfigProblem(f"runtime.{key}", f"{getattr(rt, key)} needs runtime.device=cuda")

@@ -196,8 +196,9 @@ class PackedStream:
     stream's position at the window's start plus the number of packs already handed out.
     """
 
-    def __init__(self, inner: ShardStream, window: int, capacity: int, seed: int):
+    def __init__(self, inner: ShardStream, window: int, capacity: int, seed: int, max_per_pack: int | None = None):
         self.inner, self.window, self.capacity, self.seed = inner, window, capacity, seed
+        self.max_per_pack = max_per_pack
         self.start = StreamPosition()
         self.next_pack = 0
         self._packs: list[list[Sample]] | None = None
@@ -218,7 +219,7 @@ class PackedStream:
             self.inner.position = StreamPosition(**asdict(self.start))
             self.inner._shard = self.inner._order = None
             samples = self.inner.take(self.window)
-            groups = pack_sequences(np.array([len(x) for x in samples]), self.capacity)
+            groups = pack_sequences(np.array([len(x) for x in samples]), self.capacity, self.max_per_pack)
             key = [self.seed, self.start.epoch, self.start.file, self.start.offset]
             order = np.random.default_rng(key).permutation(len(groups))
             self._packs = [[samples[i] for i in groups[g]] for g in order]
@@ -262,7 +263,8 @@ class TrainData:
         else:
             files = training_files(folder)
             self.streams = [ShardStream(files, s, num_streams, seed, self.loader) for s in mine]
-        self.packed = [PackedStream(s, balance.pack_window, data.max_seq_length, seed) for s in self.streams] \
+        self.packed = [PackedStream(s, balance.pack_window, data.max_seq_length, seed, balance.pack_sequences)
+                       for s in self.streams] \
             if balance.packing else None
 
     def next_samples(self) -> tuple[list[Sample], list[list[int]] | None]:
