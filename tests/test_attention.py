@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from trainer.attention import (
-    AttentionUnavailable, check_attention, flash_attn_installed, nested_attention, padded_attention,
-    per_sequence_attention, resolve_backend, varlen_attention,
+    AttentionUnavailable, check_attention, cpu_dropout_attention, dropout_noise, dropout_threshold,
+    flash_attn_installed, nested_attention, padded_attention, per_sequence_attention, resolve_backend, varlen_attention,
 )
 
 HEADS, DIM = 4, 16
@@ -138,3 +138,35 @@ def test_varlen_attention_on_the_cpu_refuses_an_explicit_flash_attn():
     q, k, v, cu = packed([3, 4], requires_grad=False)
     with pytest.raises(AttentionUnavailable, match="^runtime.attention: flash_attn needs"):
         varlen_attention(q, k, v, cu, 4, 0.0, "flash_attn", 3)
+
+
+def test_the_cpu_dropout_path_is_the_reference_when_nothing_is_dropped():
+    q, k, v, cu = packed(LENGTHS)
+    lengths = (cu[1:] - cu[:-1]).tolist()
+    grad_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(2))
+    ours = cpu_dropout_attention(q, k, v, lengths, 1e-9)  # rounds to 0 of 65536: keeps everything
+    reference = per_sequence_attention(q, k, v, cu, 0.0)
+    torch.testing.assert_close(ours, reference, rtol=1e-5, atol=1e-6)
+    for a, b in zip(torch.autograd.grad(ours, (q, k, v), grad_out), torch.autograd.grad(reference, (q, k, v), grad_out)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_the_cheap_mask_rounds_p_to_sixteen_bits_and_keeps_the_expectation():
+    assert dropout_threshold(0.1) == (6554 - 32768, 1 - 6554 / 65536)
+    assert dropout_threshold(0.0) == (-32768, 1.0)  # nothing is below the smallest int16
+    torch.manual_seed(0)
+    noise = dropout_noise(4_000_001, 0.1, torch.bfloat16)
+    assert noise.dtype == torch.bfloat16 and noise.shape == (4_000_001,)
+    assert set(noise.unique().float().tolist()) == {0.0, torch.tensor(65536 / 58982, dtype=torch.bfloat16).item()}
+    assert abs((noise == 0).float().mean().item() - 6554 / 65536) < 5e-4
+    assert abs(noise.float().mean().item() - 1.0) < 2e-3  # bf16's scale is 1.1111 to 3 digits
+
+
+def test_bf16_on_the_cpu_runs_every_torch_backend():
+    q, k, v, cu = (x.detach().bfloat16() if x.is_floating_point() else x for x in packed([5, 9, 1]))
+    reference = per_sequence_attention(q.float(), k.float(), v.float(), cu, 0.0)
+    for backend in ("nested", "per_sequence"):
+        out = varlen_attention(q, k, v, cu, 9, 0.0, backend, 1)
+        assert out.dtype == torch.bfloat16
+        torch.testing.assert_close(out.float(), reference, rtol=2e-2, atol=2e-2)
+        assert varlen_attention(q, k, v, cu, 9, 0.1, backend, 1).dtype == torch.bfloat16

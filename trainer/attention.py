@@ -10,7 +10,9 @@ sequence offsets, so no work is spent on padding. Three implementations, chosen 
   package. Elsewhere (the CPU, CUDA fp32 in training) PyTorch falls back to its math kernel
   through a strided copy of every sequence: correct, but slower than `per_sequence`;
 - `per_sequence`: one dense SDPA call per sequence, the reference. On the CPU it is the fastest
-  (see benchmarks/attention_backends.py): the dense CPU SDPA is a fused flash kernel.
+  (see benchmarks/attention_backends.py): the dense CPU SDPA is a fused flash kernel; with
+  dropout, where CPU SDPA falls back to its math path, `cpu_dropout_attention` does the same
+  maths with a four times cheaper dropout mask.
 
 `auto` takes the first that has a fused kernel for the device and dtype, in that order.
 """
@@ -128,9 +130,46 @@ def per_sequence_attention(q, k, v, cu_seqlens, dropout_p):
     """One dense SDPA per sequence. `split` (not slicing) keeps the backward to one concatenation
     per input instead of a zero-filled full-size gradient per sequence."""
     lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+    if dropout_p > 0.0 and q.device.type == "cpu":
+        return cpu_dropout_attention(q, k, v, lengths, dropout_p)
     outputs = []
     for qs, ks, vs in zip(q.split(lengths), k.split(lengths), v.split(lengths)):
         # [L, heads, D] -> [1, heads, L, D]
         qs, ks, vs = (x.transpose(0, 1).unsqueeze(0) for x in (qs, ks, vs))
         outputs.append(F.scaled_dot_product_attention(qs, ks, vs, dropout_p=dropout_p)[0].transpose(0, 1))
     return torch.cat(outputs)
+
+
+def cpu_dropout_attention(q, k, v, lengths: list[int], dropout_p: float) -> torch.Tensor:
+    """Per-sequence attention with dropout on the CPU, where SDPA leaves its fused kernel for a
+    math path that draws one random number per attention weight (bernoulli_, ~14 ns each: most
+    of attention's time). Here the masks of all sequences come from one call, four 16-bit lanes
+    per 64-bit draw: the drop probability is p rounded to a multiple of 1/65536 (0.1 -> 0.1000061)
+    and kept weights are scaled by the exact inverse of the kept share. Measured 1.6x faster than
+    SDPA's math path, forward and backward (benchmarks/attention_backends.py)."""
+    heads, scale = q.shape[1], q.shape[-1] ** -0.5
+    sizes = [heads * n * n for n in lengths]
+    noise = dropout_noise(sum(sizes), dropout_p, q.dtype).split(sizes)
+    outputs = []
+    for qs, ks, vs, kept in zip(q.split(lengths), k.split(lengths), v.split(lengths), noise):
+        qs, ks, vs = (x.transpose(0, 1) for x in (qs, ks, vs))  # [heads, L, D]
+        weights = torch.softmax(torch.bmm(qs * scale, ks.transpose(1, 2)), dim=-1)
+        outputs.append(torch.bmm(weights * kept.view(weights.shape), vs).transpose(0, 1))
+    return torch.cat(outputs)
+
+
+_LANES = 4  # 16-bit lanes per 64-bit random draw
+
+
+def dropout_threshold(p: float) -> tuple[int, float]:
+    """(lanes below this signed 16-bit value are dropped, the share kept)."""
+    dropped = round(p * 65536)
+    return dropped - 32768, 1.0 - dropped / 65536
+
+
+def dropout_noise(numel: int, p: float, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Flat multipliers on the CPU: 0 (dropped, probability ~p) or 1 / kept share."""
+    draws = torch.empty((numel + _LANES - 1) // _LANES, dtype=torch.int64).random_(-(2**63), None)
+    threshold, kept = dropout_threshold(p)
+    zero, scale = torch.zeros((), dtype=dtype), torch.full((), 1.0 / kept, dtype=dtype)
+    return torch.where(draws.view(torch.int16)[:numel] < threshold, zero, scale)
