@@ -19,6 +19,8 @@ small kernels (ours) loses far more than one with few large ones (Hugging Face's
 sets OMP_WAIT_POLICY=PASSIVE unless it is set already (it must be set before torch loads), and
 the thread count explicitly. --load N starts N busy-loop processes for the measurement, to see
 the ratio when the cores are shared.
+Each round also shows the CPU time of each step (all threads of this process): the ratio of those
+is the ratio of work, which other processes on the machine do not change.
 Last line: speedup_vs_hf=<median ratio> ours_seq_per_s=<x> hf_seq_per_s=<y>
 """
 
@@ -87,10 +89,11 @@ def hf_step(model, opt, samples):
     opt.zero_grad(set_to_none=True)
 
 
-def timed(fn) -> float:
-    start = time.perf_counter()
+def timed(fn) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of this process: its work, whatever else runs on the cores)."""
+    wall, cpu = time.perf_counter(), time.process_time()
     fn()
-    return time.perf_counter() - start
+    return time.perf_counter() - wall, time.process_time() - cpu
 
 
 @contextmanager
@@ -125,6 +128,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     batches = [make_batch(rng, cfg.vocab_size) for _ in range(args.rounds + 1)]
     times = {"ours": [], "hf": []}
+    cpu = {"ours": [], "hf": []}
     load_before = os.getloadavg()[0]
     with busy_processes(args.load):
         for i, samples in enumerate(batches):  # round 0 is the warm-up
@@ -132,18 +136,20 @@ def main() -> None:
             took = {name: timed(lambda: steps[name](samples)) for name in order}
             if i:
                 for name in times:
-                    times[name].append(took[name])
-            print(f"round {i}{' (warm-up)' if i == 0 else ''}: ours {took['ours']:.2f} s, hf {took['hf']:.2f} s, "
-                  f"ratio {took['hf'] / took['ours']:.2f}, mean length {np.mean([len(s) for s in samples]):.0f}", flush=True)
+                    times[name].append(took[name][0])
+                    cpu[name].append(took[name][1])
+            print(f"round {i}{' (warm-up)' if i == 0 else ''}: ours {took['ours'][0]:.2f} s (cpu {took['ours'][1]:.2f} s), "
+                  f"hf {took['hf'][0]:.2f} s (cpu {took['hf'][1]:.2f} s), ratio {took['hf'][0] / took['ours'][0]:.2f}, "
+                  f"mean length {np.mean([len(s) for s in samples]):.0f}", flush=True)
     ratio = statistics.median(h / o for h, o in zip(times["hf"], times["ours"]))
+    cpu_ratio = statistics.median(h / o for h, o in zip(cpu["hf"], cpu["ours"]))
     ours_s, hf_s = (BATCH / statistics.median(times[k]) for k in ("ours", "hf"))
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads, "
           f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}, {args.load} busy processes, load average "
           f"{load_before:.1f} -> {os.getloadavg()[0]:.1f}; torch {torch.__version__}, transformers {transformers.__version__}, "
           f"HF attention {hf.config._attn_implementation}, ours {args.attention}{' compiled' if args.compile else ''}; "
-          f"fp32, batch {BATCH} x {SEQ}, {args.rounds} rounds, medians")
+          f"fp32, batch {BATCH} x {SEQ}, {args.rounds} rounds, medians; CPU-time ratio {cpu_ratio:.2f}")
     print(f"speedup_vs_hf={ratio:.2f} ours_seq_per_s={ours_s:.2f} hf_seq_per_s={hf_s:.2f}")
-
 
 if __name__ == "__main__":
     main()

@@ -4,9 +4,10 @@ import pytest
 import torch
 
 from trainer.attention import (
-    AttentionUnavailable, check_attention, cpu_dropout_attention, dropout_noise, dropout_threshold,
-    flash_attn_installed, nested_attention, padded_attention, per_sequence_attention, resolve_backend, varlen_attention,
+    AttentionUnavailable, check_attention, cpu_dropout_attention, flash_attn_installed, nested_attention, padded_attention,
+    per_sequence_attention, resolve_backend, varlen_attention,
 )
+from trainer.dropout import dropout, dropout_noise, dropout_threshold
 
 HEADS, DIM = 4, 16
 LENGTHS = [1, 512, 37, 2, 300, 128, 1, 77]  # incl. the shortest and the longest BERT sequence
@@ -170,3 +171,15 @@ def test_bf16_on_the_cpu_runs_every_torch_backend():
         assert out.dtype == torch.bfloat16
         torch.testing.assert_close(out.float(), reference, rtol=2e-2, atol=2e-2)
         assert varlen_attention(q, k, v, cu, 9, 0.1, backend, 1).dtype == torch.bfloat16
+
+
+def test_cheap_hidden_dropout_drops_scales_and_repeats():
+    x = torch.ones(1000, 1000)
+    torch.manual_seed(0)
+    y = dropout(x, 0.1, training=True)
+    kept = 1 - 6554 / 65536
+    assert set(y.unique().tolist()) == {0.0, torch.tensor(1 / kept).item()}
+    assert abs((y == 0).float().mean().item() - 0.1) < 2e-3 and abs(y.mean().item() - 1.0) < 3e-3
+    torch.manual_seed(0)
+    assert torch.equal(dropout(x, 0.1, training=True), y)
+    assert dropout(x, 0.1, training=False) is x and dropout(x, 0.0, training=True) is x

@@ -189,3 +189,17 @@ def test_a_compiler_failure_falls_back_to_eager_with_one_warning_line(monkeypatc
     lines = [line for line in capfd.readouterr().err.splitlines() if line.strip()]
     assert lines == ["warning: torch.compile failed (InvalidCxxCompiler: No working C++ compiler found in "
                      "torch._inductor.config.cpp.cxx: ('/nonexistent/g++',)); runtime.compile falls back to eager"]
+
+
+def test_the_summed_cross_entropy_equals_torchs_with_gradients():
+    from trainer.model import SummedCrossEntropy
+
+    gen = torch.Generator().manual_seed(0)
+    logits = (torch.randn(300, 1001, generator=gen) * 4).requires_grad_()
+    labels = torch.randint(0, 1001, (300,), generator=gen)
+    ours = SummedCrossEntropy.apply(logits, labels)
+    (grad,) = torch.autograd.grad(ours * 0.5, logits)
+    reference = torch.nn.functional.cross_entropy(logits, labels, reduction="sum")
+    (reference_grad,) = torch.autograd.grad(reference * 0.5, logits)
+    torch.testing.assert_close(ours, reference, rtol=1e-6, atol=1e-4)
+    torch.testing.assert_close(grad, reference_grad, rtol=1e-5, atol=1e-7)

@@ -25,6 +25,8 @@ import warnings
 import torch
 import torch.nn.functional as F
 
+from trainer.dropout import dropout_noise
+
 # The nested math fallback (CPU, CUDA fp32) converts our jagged tensors to the strided layout
 # internally, and torch then recommends the jagged layout we already use: noise in a training log.
 warnings.filterwarnings("ignore", message="The PyTorch API of nested tensors is in prototype stage", category=UserWarning)
@@ -143,10 +145,9 @@ def per_sequence_attention(q, k, v, cu_seqlens, dropout_p):
 def cpu_dropout_attention(q, k, v, lengths: list[int], dropout_p: float) -> torch.Tensor:
     """Per-sequence attention with dropout on the CPU, where SDPA leaves its fused kernel for a
     math path that draws one random number per attention weight (bernoulli_, ~14 ns each: most
-    of attention's time). Here the masks of all sequences come from one call, four 16-bit lanes
-    per 64-bit draw: the drop probability is p rounded to a multiple of 1/65536 (0.1 -> 0.1000061)
-    and kept weights are scaled by the exact inverse of the kept share. Measured 1.6x faster than
-    SDPA's math path, forward and backward (benchmarks/attention_backends.py)."""
+    of attention's time). Here the same maths takes the masks of all sequences from one call of
+    the cheap generator in trainer/dropout.py: 1.6x faster than SDPA's math path, forward and
+    backward (benchmarks/attention_backends.py)."""
     heads, scale = q.shape[1], q.shape[-1] ** -0.5
     sizes = [heads * n * n for n in lengths]
     noise = dropout_noise(sum(sizes), dropout_p, q.dtype).split(sizes)
@@ -156,20 +157,3 @@ def cpu_dropout_attention(q, k, v, lengths: list[int], dropout_p: float) -> torc
         weights = torch.softmax(torch.bmm(qs * scale, ks.transpose(1, 2)), dim=-1)
         outputs.append(torch.bmm(weights * kept.view(weights.shape), vs).transpose(0, 1))
     return torch.cat(outputs)
-
-
-_LANES = 4  # 16-bit lanes per 64-bit random draw
-
-
-def dropout_threshold(p: float) -> tuple[int, float]:
-    """(lanes below this signed 16-bit value are dropped, the share kept)."""
-    dropped = round(p * 65536)
-    return dropped - 32768, 1.0 - dropped / 65536
-
-
-def dropout_noise(numel: int, p: float, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Flat multipliers on the CPU: 0 (dropped, probability ~p) or 1 / kept share."""
-    draws = torch.empty((numel + _LANES - 1) // _LANES, dtype=torch.int64).random_(-(2**63), None)
-    threshold, kept = dropout_threshold(p)
-    zero, scale = torch.zeros((), dtype=dtype), torch.full((), 1.0 / kept, dtype=dtype)
-    return torch.where(draws.view(torch.int16)[:numel] < threshold, zero, scale)

@@ -28,6 +28,7 @@ from torch import nn
 from trainer.attention import check_backend_name, padded_attention, varlen_attention
 from trainer.config import ModelConfig
 from trainer.data.batch import Batch
+from trainer.dropout import dropout
 
 
 def layer_norm(hidden: int, eps: float, fused: bool) -> nn.Module:
@@ -53,7 +54,7 @@ class BertEmbeddings(nn.Module):
 
     def forward(self, input_ids, segment_ids, position_ids):
         x = self.word_embeddings(input_ids) + self.position_embeddings(position_ids) + self.token_type_embeddings(segment_ids)
-        return self.dropout(self.LayerNorm(x))
+        return dropout(self.LayerNorm(x), self.dropout.p, self.training)
 
 
 class BertSelfAttention(nn.Module):
@@ -149,7 +150,7 @@ class BertSelfOutput(nn.Module):
         if self.pointwise.compiled:
             return self.pointwise.bias_dropout_residual_layer_norm(
                 F.linear(x, self.dense.weight), self.dense.bias, residual, self.LayerNorm, self.dropout.p, self.training)
-        return self.LayerNorm(self.dropout(self.dense(x)) + residual)
+        return self.LayerNorm(dropout(self.dense(x), self.dropout.p, self.training) + residual)
 
 
 class BertAttention(nn.Module):
@@ -299,9 +300,34 @@ class BertForPreTraining(nn.Module):
 
 def pretraining_loss_sums(mlm_logits, nsp_logits, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed (not averaged) cross-entropies: the caller divides by the global counts."""
-    mlm = F.cross_entropy(mlm_logits.float(), batch.mlm_labels, reduction="sum")
+    if mlm_logits.device.type == "cpu":
+        mlm = SummedCrossEntropy.apply(mlm_logits.float(), batch.mlm_labels)
+    else:
+        mlm = F.cross_entropy(mlm_logits.float(), batch.mlm_labels, reduction="sum")
     nsp = F.cross_entropy(nsp_logits.float(), batch.nsp_labels, reduction="sum")
     return mlm, nsp
+
+
+class SummedCrossEntropy(torch.autograd.Function):
+    """F.cross_entropy(logits, labels, reduction="sum") in fewer passes over the [M, vocab] logits.
+
+    On the CPU each pass over a fresh logits-sized tensor costs page faults besides the maths;
+    torch's version makes four (log-softmax, its gradient, the loss gradient's zeros, ...), this
+    one two: logsumexp forward, softmax minus one-hot backward.
+    """
+
+    @staticmethod
+    def forward(ctx, logits, labels):
+        lse = torch.logsumexp(logits, dim=-1)
+        ctx.save_for_backward(logits, lse, labels)
+        return (lse - logits.gather(1, labels[:, None]).squeeze(1)).sum()
+
+    @staticmethod
+    def backward(ctx, grad):
+        logits, lse, labels = ctx.saved_tensors
+        grad_logits = torch.sub(logits, lse[:, None]).exp_()  # softmax
+        grad_logits[torch.arange(labels.numel(), device=labels.device), labels] -= 1.0
+        return grad_logits.mul_(grad), None
 
 
 def count_parameters(model: nn.Module) -> int:
