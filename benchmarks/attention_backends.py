@@ -122,6 +122,7 @@ def main() -> None:
     print(key + ": " + ", ".join(f"{b} {r['median_ms']:.0f} ms (first {r['first_ms'] / 1e3:.1f} s)"
                                  for b, r in results[key].items()), flush=True)
     results.update(machine=platform.processor() or platform.machine(), threads=torch.get_num_threads(),
+                   omp_wait_policy=os.environ.get("OMP_WAIT_POLICY", "default"),
                    torch=torch.__version__, load_average_end=os.getloadavg()[0], rounds=args.rounds)
     print(json.dumps(results))
 

@@ -13,8 +13,11 @@ phase-1 checkpoint and ours are interchangeable. Two things make it fast where i
   + LayerNorm) as torch.compile'd fused kernels; if compiling fails the model runs eager, after
   one warning line.
 
-The decoder uses the vocabulary padded to a multiple of 8; logits are sliced back to the real
-vocabulary so the padded rows never take part in the softmax.
+The decoder uses the vocabulary padded to a multiple of 8; on CUDA its logits are sliced back to
+the real vocabulary, on the CPU its weights are (cheaper there), so the padded rows never take
+part in the softmax. The MLM loss on the CPU is `SummedCrossEntropy`, dropout there draws its
+masks cheaply (trainer/dropout.py): on a CPU, those passes over large tensors cost as much as
+the GEMMs' remainder.
 """
 
 from __future__ import annotations
