@@ -1,30 +1,49 @@
 """Training throughput of bertctl's BERT against Hugging Face `BertForPreTraining`, same config.
 
-    python benchmarks/throughput_vs_hf.py [--steps 5] [--threads N]
+    python benchmarks/throughput_vs_hf.py [--rounds 6] [--threads 2] [--load N] [--attention auto] [--compile]
 
 4 layers, 256 hidden, 4 heads (1024 FFN), vocabulary 30522, batch 16 x 512 with sequence lengths
 drawn from the real Wikipedia length histogram, up to 76 masked positions per sequence
-(min(76, length - 2): the busiest realistic case), fp32 on the CPU. One training step = forward,
-backward and an AdamW step. Both models start from the same weights and see the same batches, in
-the same process, interleaved; the median step time of each is reported.
+(min(76, length - 2): the busiest realistic case), fp32 on the CPU, dropout 0.1 as in BERT. One
+training step = forward, backward and an AdamW step. Both models start from the same weights and
+see the same batches, in the same process with the same threads, in rounds: each round times one
+step of each on the same batch (who goes first alternates), so a change of load hits both alike;
+the ratio is the median of the per-round ratios.
 
 Hugging Face pads every sequence to 512 and runs its MLM head on all 512 positions; ours runs
 the encoder on real tokens only (unpadded) and the MLM head on the masked positions only.
-Last line: speedup_vs_hf=<ratio> ours_seq_per_s=<x> hf_seq_per_s=<y>
+
+Threads: OpenMP's default wait policy lets idle threads spin; when another process shares the
+cores the spinning threads take the time slices the working thread needs, and a step with many
+small kernels (ours) loses far more than one with few large ones (Hugging Face's). The script
+sets OMP_WAIT_POLICY=PASSIVE unless it is set already (it must be set before torch loads), and
+the thread count explicitly. --load N starts N busy-loop processes for the measurement, to see
+the ratio when the cores are shared.
+Each round also shows the CPU time of each step (all threads of this process): the ratio of those
+is the ratio of work, which other processes on the machine do not change.
+Last line: speedup_vs_hf=<median ratio> ours_seq_per_s=<x> hf_seq_per_s=<y>
 """
 
 from __future__ import annotations
 
-import argparse
-import platform
-import statistics
-import time
+import os
 
-import numpy as np
-import torch
-import transformers
-from transformers import BertConfig
-from transformers import BertForPreTraining as HFBert
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch (and its OpenMP) is loaded
+
+import argparse  # noqa: E402
+import platform  # noqa: E402
+import statistics  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from contextlib import contextmanager  # noqa: E402
+from functools import partial  # noqa: E402
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import transformers  # noqa: E402
+from transformers import BertConfig  # noqa: E402
+from transformers import BertForPreTraining as HFBert  # noqa: E402
 
 from trainer.config import ModelConfig
 from trainer.data.batch import collate
@@ -72,41 +91,67 @@ def hf_step(model, opt, samples):
     opt.zero_grad(set_to_none=True)
 
 
-def timed(fn) -> float:
-    start = time.perf_counter()
+def timed(fn) -> tuple[float, float]:
+    """(wall seconds, CPU seconds of this process: its work, whatever else runs on the cores)."""
+    wall, cpu = time.perf_counter(), time.process_time()
     fn()
-    return time.perf_counter() - start
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+@contextmanager
+def busy_processes(n: int):
+    """n processes that keep a core busy each, for as long as the block runs."""
+    procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+    try:
+        yield
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=5, help="timed steps per model (after one warm-up step each)")
-    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--rounds", type=int, default=6, help="timed rounds (after one warm-up round)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--load", type=int, default=0, help="busy-loop processes sharing the cores while measuring")
+    parser.add_argument("--attention", default="auto", help="runtime.attention for ours")
+    parser.add_argument("--compile", action="store_true", help="runtime.compile for ours")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     cfg = ModelConfig(num_layers=4, hidden_size=256, num_heads=4, intermediate_size=1024)
     hf = HFBert(BertConfig(vocab_size=cfg.vocab_size, hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
                            intermediate_size=1024)).train()
-    ours = BertForPreTraining(cfg).train()
+    ours = BertForPreTraining(cfg, attention=args.attention, compile=args.compile).train()
     load_pretrained(ours, hf.state_dict(), "hf")
     opts = {name: torch.optim.AdamW(m.parameters(), lr=1e-4) for name, m in (("ours", ours), ("hf", hf))}
+    steps = {"ours": lambda b: ours_step(ours, opts["ours"], b), "hf": lambda b: hf_step(hf, opts["hf"], b)}
     rng = np.random.default_rng(0)
-    batches = [make_batch(rng, cfg.vocab_size) for _ in range(args.steps + 1)]
+    batches = [make_batch(rng, cfg.vocab_size) for _ in range(args.rounds + 1)]
     times = {"ours": [], "hf": []}
-    for i, samples in enumerate(batches):  # interleaved, the first step of each is warm-up
-        t_ours = timed(lambda: ours_step(ours, opts["ours"], samples))
-        t_hf = timed(lambda: hf_step(hf, opts["hf"], samples))
-        if i:
-            times["ours"].append(t_ours)
-            times["hf"].append(t_hf)
-        print(f"step {i}{' (warm-up)' if i == 0 else ''}: ours {t_ours:.2f} s, hf {t_hf:.2f} s, "
-              f"mean length {np.mean([len(s) for s in samples]):.0f}", flush=True)
+    cpu = {"ours": [], "hf": []}
+    load_before = os.getloadavg()[0]
+    with busy_processes(args.load):
+        for i, samples in enumerate(batches):  # round 0 is the warm-up
+            order = ("ours", "hf") if i % 2 == 0 else ("hf", "ours")
+            took = {name: timed(partial(steps[name], samples)) for name in order}
+            if i:
+                for name in times:
+                    times[name].append(took[name][0])
+                    cpu[name].append(took[name][1])
+            print(f"round {i}{' (warm-up)' if i == 0 else ''}: ours {took['ours'][0]:.2f} s (cpu {took['ours'][1]:.2f} s), "
+                  f"hf {took['hf'][0]:.2f} s (cpu {took['hf'][1]:.2f} s), ratio {took['hf'][0] / took['ours'][0]:.2f}, "
+                  f"mean length {np.mean([len(s) for s in samples]):.0f}", flush=True)
+    ratio = statistics.median(h / o for h, o in zip(times["hf"], times["ours"]))
+    cpu_ratio = statistics.median(h / o for h, o in zip(cpu["hf"], cpu["ours"]))
     ours_s, hf_s = (BATCH / statistics.median(times[k]) for k in ("ours", "hf"))
-    print(f"machine: {platform.processor() or platform.machine()}, {torch.get_num_threads()} threads; "
-          f"torch {torch.__version__}, transformers {transformers.__version__}, HF attention "
-          f"{hf.config._attn_implementation}; fp32, batch {BATCH} x {SEQ}, {args.steps} timed steps, medians")
-    print(f"speedup_vs_hf={ours_s / hf_s:.2f} ours_seq_per_s={ours_s:.2f} hf_seq_per_s={hf_s:.2f}")
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads, "
+          f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}, {args.load} busy processes, load average "
+          f"{load_before:.1f} -> {os.getloadavg()[0]:.1f}; torch {torch.__version__}, transformers {transformers.__version__}, "
+          f"HF attention {hf.config._attn_implementation}, ours {args.attention}{' compiled' if args.compile else ''}; "
+          f"fp32, batch {BATCH} x {SEQ}, {args.rounds} rounds, medians; CPU-time ratio {cpu_ratio:.2f}")
+    print(f"speedup_vs_hf={ratio:.2f} ours_seq_per_s={ours_s:.2f} hf_seq_per_s={hf_s:.2f}")
 
 
 if __name__ == "__main__":

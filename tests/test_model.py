@@ -7,6 +7,7 @@ import yaml
 from transformers import BertConfig
 from transformers import BertForPreTraining as HFBert
 
+from trainer.attention import AttentionUnavailable
 from trainer.config import ModelConfig
 from trainer.data.batch import collate
 from trainer.data.layout import Sample
@@ -111,3 +112,95 @@ def test_loading_checks_names_and_shapes_and_pads_the_vocabulary():
     extra = dict(hf.state_dict(), **{"bert.encoder.layer.9.output.dense.weight": torch.zeros(1)})
     with pytest.raises(WeightsError, match="layer.9.output.dense.weight does not exist in this model"):
         load_pretrained(ours, extra, "ckpt.pt")
+
+
+def training_step(model, samples, unpadded=True):
+    """Loss and all gradients of one step (no optimizer)."""
+    model.zero_grad()
+    batch = collate(samples, unpadded=unpadded)
+    mlm_sum, nsp_sum = pretraining_loss_sums(*model(batch), batch)
+    loss = mlm_sum / batch.num_masked + nsp_sum / batch.num_sequences
+    loss.backward()
+    return loss.detach(), torch.cat([p.grad.flatten() for p in model.parameters()])
+
+
+@pytest.mark.parametrize("attention", ["nested", "per_sequence", "auto"])
+def test_every_attention_backend_trains_like_the_padded_model(attention):
+    cfg = ModelConfig(**SMALL, hidden_dropout=0.0, attention_dropout=0.0)
+    torch.manual_seed(1)
+    padded = BertForPreTraining(cfg)
+    ours = BertForPreTraining(cfg, attention=attention)
+    ours.load_state_dict(padded.state_dict())
+    samples = random_samples(6, cfg.vocab_size, cfg.max_position_embeddings, seed=4)
+    samples[1] = Sample(samples[1].input_ids[:1], samples[1].segment_ids[:1], np.array([0]), samples[1].masked_lm_ids[:1], 0)
+    loss, grads = training_step(ours, samples)
+    padded_loss, padded_grads = training_step(padded, samples, unpadded=False)
+    torch.testing.assert_close(loss, padded_loss, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(grads, padded_grads, rtol=1e-4, atol=1e-5)
+
+
+def test_an_unknown_attention_backend_is_refused_when_the_model_is_built():
+    with pytest.raises(AttentionUnavailable, match="^runtime.attention: expected one of auto, flash_attn, nested, per_sequence, got 'sdpa'$"):
+        BertForPreTraining(ModelConfig(**SMALL), attention="sdpa")
+
+
+def test_compiled_pointwise_kernels_train_like_eager_and_still_drop_out():
+    cfg = ModelConfig(**SMALL, hidden_dropout=0.0, attention_dropout=0.0)
+    torch.manual_seed(2)
+    eager = BertForPreTraining(cfg)
+    compiled = BertForPreTraining(cfg, compile=True)
+    compiled.load_state_dict(eager.state_dict())
+    for seed in (0, 1):  # two token counts: one compiled graph with a dynamic length
+        samples = random_samples(5, cfg.vocab_size, 100, seed=seed)
+        loss, grads = training_step(compiled, samples)
+        eager_loss, eager_grads = training_step(eager, samples)
+        torch.testing.assert_close(loss, eager_loss, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(grads, eager_grads, rtol=1e-4, atol=1e-5)
+    assert compiled.bert.encoder.layer[0].output.pointwise.failed is None
+    dropping = BertForPreTraining(ModelConfig(**SMALL, hidden_dropout=0.5, attention_dropout=0.0), compile=True)
+    dropping.load_state_dict(eager.state_dict())
+    batch = collate(samples, unpadded=True)
+    with torch.no_grad():
+        torch.manual_seed(0)
+        first = dropping(batch)[0]
+        torch.manual_seed(0)
+        again = dropping(batch)[0]
+        without = dropping.eval()(batch)[0]
+    assert torch.equal(first, again) and not torch.allclose(first, without, atol=1e-3)
+
+
+def test_a_compiler_failure_falls_back_to_eager_with_one_warning_line(monkeypatch, capfd):
+    import torch._inductor.config as inductor
+
+    monkeypatch.setattr(inductor.cpp, "cxx", ("/nonexistent/g++",))
+    monkeypatch.setattr(inductor, "fx_graph_cache", False)  # a cached kernel would need no compiler
+    torch.compiler.reset()
+    cfg = ModelConfig(**SMALL, hidden_dropout=0.0, attention_dropout=0.0)
+    torch.manual_seed(3)
+    eager = BertForPreTraining(cfg)
+    compiled = BertForPreTraining(cfg, compile=True)
+    compiled.load_state_dict(eager.state_dict())
+    samples = random_samples(4, cfg.vocab_size, 60, seed=5)
+    for _ in range(2):
+        loss, grads = training_step(compiled, samples)
+    torch.compiler.reset()
+    eager_loss, eager_grads = training_step(eager, samples)
+    torch.testing.assert_close(loss, eager_loss, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(grads, eager_grads, rtol=1e-4, atol=1e-5)
+    lines = [line for line in capfd.readouterr().err.splitlines() if line.strip()]
+    assert lines == ["warning: torch.compile failed (InvalidCxxCompiler: No working C++ compiler found in "
+                     "torch._inductor.config.cpp.cxx: ('/nonexistent/g++',)); runtime.compile falls back to eager"]
+
+
+def test_the_summed_cross_entropy_equals_torchs_with_gradients():
+    from trainer.model import SummedCrossEntropy
+
+    gen = torch.Generator().manual_seed(0)
+    logits = (torch.randn(300, 1001, generator=gen) * 4).requires_grad_()
+    labels = torch.randint(0, 1001, (300,), generator=gen)
+    ours = SummedCrossEntropy.apply(logits, labels)
+    (grad,) = torch.autograd.grad(ours * 0.5, logits)
+    reference = torch.nn.functional.cross_entropy(logits, labels, reduction="sum")
+    (reference_grad,) = torch.autograd.grad(reference * 0.5, logits)
+    torch.testing.assert_close(ours, reference, rtol=1e-6, atol=1e-4)
+    torch.testing.assert_close(grad, reference_grad, rtol=1e-5, atol=1e-7)

@@ -1,23 +1,98 @@
 """Attention kernels: padded (SDPA with a key mask) and variable-length (real tokens only).
 
 The variable-length form takes a packed token stream [T, heads, head_dim] and `cu_seqlens`, the
-sequence offsets, so no work is spent on padding. On CUDA in fp16/bf16 it uses a flash-attention
-varlen kernel (the `flash_attn` package when installed, which supports dropout; torch's own
-`varlen_attn` when no dropout is needed). Otherwise, including CUDA with attention dropout and no
-`flash_attn`, it runs SDPA once per sequence: on the CPU that is both exact and the fastest option
-measured (130 ms vs 500 ms for the masked padded form on 16 real-length sequences); on a GPU it is
-correct but launches many small kernels, so install flash_attn there.
+sequence offsets, so no work is spent on padding. Three implementations, chosen by
+`runtime.attention` (see `resolve_backend`):
+
+- `flash_attn`: the flash-attention package's varlen kernel (CUDA, fp16/bf16, dropout included);
+- `nested`: SDPA on a jagged NestedTensor built as a view of the packed stream. On CUDA in
+  fp16/bf16 PyTorch runs its own flash kernel on it, dropout and backward included, with no extra
+  package. Elsewhere (the CPU, CUDA fp32 in training) PyTorch falls back to its math kernel
+  through a strided copy of every sequence: correct, but slower than `per_sequence`;
+- `per_sequence`: one dense SDPA call per sequence, the reference. On the CPU it is the fastest
+  (see benchmarks/attention_backends.py): the dense CPU SDPA is a fused flash kernel; with
+  dropout, where CPU SDPA falls back to its math path, `cpu_dropout_attention` does the same
+  maths with a four times cheaper dropout mask.
+
+`auto` takes the first that has a fused kernel for the device and dtype, in that order.
 """
 
 from __future__ import annotations
 
+import functools
+import warnings
+
 import torch
 import torch.nn.functional as F
+
+from trainer.dropout import dropout_noise
+
+# The nested math fallback (CPU, CUDA fp32) converts our jagged tensors to the strided layout
+# internally, and torch then recommends the jagged layout we already use: noise in a training log.
+warnings.filterwarnings("ignore", message="The PyTorch API of nested tensors is in prototype stage", category=UserWarning)
 
 try:  # optional fast path
     from flash_attn import flash_attn_varlen_func as _flash_varlen  # type: ignore
 except ImportError:  # pragma: no cover - depends on the machine
     _flash_varlen = None
+
+BACKENDS = ("auto", "flash_attn", "nested", "per_sequence")
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+_FIX = "or set runtime.attention: auto (or nested / per_sequence)"
+
+
+class AttentionUnavailable(ValueError):
+    """An attention backend was asked for (runtime.attention) that cannot run here."""
+
+
+def flash_attn_installed() -> bool:
+    return _flash_varlen is not None
+
+
+def torch_flash_fits(device_type: str, dtype: torch.dtype, head_dim: int) -> bool:
+    """Whether PyTorch's own flash kernel takes jagged q/k/v of this kind (training included)."""
+    return device_type == "cuda" and dtype in HALF_DTYPES and head_dim % 8 == 0 and head_dim <= 256
+
+
+@functools.lru_cache(maxsize=64)
+def resolve_backend(requested: str, device_type: str, dtype: torch.dtype, head_dim: int, flash_attn: bool | None = None) -> str:
+    """The implementation that runs for `runtime.attention: requested` on this device and dtype.
+
+    `flash_attn` says whether the package is importable (None: look); the parameter lets the
+    selection be tested on machines either way.
+    """
+    if requested not in BACKENDS:
+        raise AttentionUnavailable(f"runtime.attention: expected one of {', '.join(BACKENDS)}, got {requested!r}")
+    flash_attn = flash_attn_installed() if flash_attn is None else flash_attn
+    flash_attn_fits = flash_attn and device_type == "cuda" and dtype in HALF_DTYPES
+    if requested == "auto":
+        if flash_attn_fits:
+            return "flash_attn"
+        if torch_flash_fits(device_type, dtype, head_dim):
+            return "nested"
+        return "per_sequence"
+    if requested == "flash_attn" and not flash_attn_fits:
+        if not flash_attn:
+            raise AttentionUnavailable(f"runtime.attention: flash_attn needs the flash_attn package (pip install flash-attn); {_FIX}")
+        raise AttentionUnavailable(f"runtime.attention: flash_attn needs CUDA in fp16/bf16 (runtime.device: cuda, runtime.precision: "
+                                   f"bf16 or fp16), not {device_type} {str(dtype).removeprefix('torch.')}; {_FIX}")
+    return requested
+
+
+def check_backend_name(requested: str) -> None:
+    """What can be checked before the device is known: the name, and flash_attn's package."""
+    if requested not in BACKENDS:
+        raise AttentionUnavailable(f"runtime.attention: expected one of {', '.join(BACKENDS)}, got {requested!r}")
+    if requested == "flash_attn" and not flash_attn_installed():
+        raise AttentionUnavailable(f"runtime.attention: flash_attn needs the flash_attn package (pip install flash-attn); {_FIX}")
+
+
+def check_attention(requested: str, device: str, precision: str, head_dim: int = 64) -> str:
+    """Pre-flight check for a run's config (before any rank trains): the backend that will run."""
+    return resolve_backend(requested, device, PRECISION_DTYPES[precision], head_dim)
 
 
 def padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask: torch.Tensor, dropout_p: float) -> torch.Tensor:
@@ -26,23 +101,59 @@ def padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask
 
 
 def varlen_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int, dropout_p: float
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int, dropout_p: float,
+    backend: str = "auto", min_seqlen: int | None = None,
 ) -> torch.Tensor:
-    """q, k, v: [T, heads, D] for sequences at offsets `cu_seqlens`; returns [T, heads, D]."""
-    if q.is_cuda and _flash_varlen is not None and q.dtype in (torch.float16, torch.bfloat16):
+    """q, k, v: [T, heads, D] for sequences at offsets `cu_seqlens`; returns [T, heads, D].
+
+    `min_seqlen`, like `max_seqlen`, spares the nested path a device->host copy to find it.
+    """
+    chosen = resolve_backend(backend, q.device.type, q.dtype, q.shape[-1])
+    if chosen == "flash_attn":
         return _flash_varlen(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p=dropout_p)
-    if q.is_cuda and dropout_p == 0.0 and q.dtype in (torch.float16, torch.bfloat16):
-        from torch.nn.attention.varlen import varlen_attn
-
-        return varlen_attn(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen)
-    return _per_sequence(q, k, v, cu_seqlens, dropout_p)
+    if chosen == "nested":
+        return nested_attention(q, k, v, cu_seqlens, max_seqlen, min_seqlen, dropout_p)
+    return per_sequence_attention(q, k, v, cu_seqlens, dropout_p)
 
 
-def _per_sequence(q, k, v, cu_seqlens, dropout_p):
-    bounds = cu_seqlens.tolist()
+def nested_attention(q, k, v, cu_seqlens, max_seqlen, min_seqlen, dropout_p):
+    """SDPA on jagged views of the packed stream: [T, h, D] -> [B, j, h, D] -> [B, h, j, D] and back.
+
+    q, k and v share the offsets tensor, so they share one ragged dimension, as SDPA requires.
+    """
+    def jagged(x):
+        return torch.nested.nested_tensor_from_jagged(x, cu_seqlens, max_seqlen=max_seqlen, min_seqlen=min_seqlen).transpose(1, 2)
+
+    out = F.scaled_dot_product_attention(jagged(q), jagged(k), jagged(v), dropout_p=dropout_p)
+    return out.transpose(1, 2).values()  # the kernel's [T, h, D] output buffer, no copy
+
+
+def per_sequence_attention(q, k, v, cu_seqlens, dropout_p):
+    """One dense SDPA per sequence. `split` (not slicing) keeps the backward to one concatenation
+    per input instead of a zero-filled full-size gradient per sequence."""
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+    if dropout_p > 0.0 and q.device.type == "cpu":
+        return cpu_dropout_attention(q, k, v, lengths, dropout_p)
     outputs = []
-    for start, end in zip(bounds[:-1], bounds[1:]):
+    for qs, ks, vs in zip(q.split(lengths), k.split(lengths), v.split(lengths)):
         # [L, heads, D] -> [1, heads, L, D]
-        qs, ks, vs = (x[start:end].transpose(0, 1).unsqueeze(0) for x in (q, k, v))
+        qs, ks, vs = (x.transpose(0, 1).unsqueeze(0) for x in (qs, ks, vs))
         outputs.append(F.scaled_dot_product_attention(qs, ks, vs, dropout_p=dropout_p)[0].transpose(0, 1))
+    return torch.cat(outputs)
+
+
+def cpu_dropout_attention(q, k, v, lengths: list[int], dropout_p: float) -> torch.Tensor:
+    """Per-sequence attention with dropout on the CPU, where SDPA leaves its fused kernel for a
+    math path that draws one random number per attention weight (bernoulli_, ~14 ns each: most
+    of attention's time). Here the same maths takes the masks of all sequences from one call of
+    the cheap generator in trainer/dropout.py: 1.6x faster than SDPA's math path, forward and
+    backward (benchmarks/attention_backends.py)."""
+    heads, scale = q.shape[1], q.shape[-1] ** -0.5
+    sizes = [heads * n * n for n in lengths]
+    noise = dropout_noise(sum(sizes), dropout_p, q.dtype).split(sizes)
+    outputs = []
+    for qs, ks, vs, kept in zip(q.split(lengths), k.split(lengths), v.split(lengths), noise):
+        qs, ks, vs = (x.transpose(0, 1) for x in (qs, ks, vs))  # [heads, L, D]
+        weights = torch.softmax(torch.bmm(qs * scale, ks.transpose(1, 2)), dim=-1)
+        outputs.append(torch.bmm(weights * kept.view(weights.shape), vs).transpose(0, 1))
     return torch.cat(outputs)

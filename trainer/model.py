@@ -7,21 +7,31 @@ phase-1 checkpoint and ours are interchangeable. Two things make it fast where i
 - the MLM head (transform + 30k-vocabulary decoder) runs only on the masked positions, gathered
   before the head, instead of on every position;
 - given an unpadded batch (a packed token stream with sequence offsets) the embeddings, every
-  linear layer and the attention see real tokens only.
+  linear layer and the attention see real tokens only; `attention` picks the variable-length
+  kernel (trainer/attention.py);
+- `compile=True` runs the encoder layers' pointwise tails (bias + GELU; bias + dropout + residual
+  + LayerNorm) as torch.compile'd fused kernels; if compiling fails the model runs eager, after
+  one warning line.
 
-The decoder uses the vocabulary padded to a multiple of 8; logits are sliced back to the real
-vocabulary so the padded rows never take part in the softmax.
+The decoder uses the vocabulary padded to a multiple of 8; on CUDA its logits are sliced back to
+the real vocabulary, on the CPU its weights are (cheaper there), so the padded rows never take
+part in the softmax. The MLM loss on the CPU is `SummedCrossEntropy`, dropout there draws its
+masks cheaply (trainer/dropout.py): on a CPU, those passes over large tensors cost as much as
+the GEMMs' remainder.
 """
 
 from __future__ import annotations
+
+import sys
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainer.attention import padded_attention, varlen_attention
+from trainer.attention import check_backend_name, padded_attention, varlen_attention
 from trainer.config import ModelConfig
 from trainer.data.batch import Batch
+from trainer.dropout import dropout
 
 
 def layer_norm(hidden: int, eps: float, fused: bool) -> nn.Module:
@@ -47,12 +57,13 @@ class BertEmbeddings(nn.Module):
 
     def forward(self, input_ids, segment_ids, position_ids):
         x = self.word_embeddings(input_ids) + self.position_embeddings(position_ids) + self.token_type_embeddings(segment_ids)
-        return self.dropout(self.LayerNorm(x))
+        return dropout(self.LayerNorm(x), self.dropout.p, self.training)
 
 
 class BertSelfAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, backend: str):
         super().__init__()
+        self.backend = backend
         self.heads = cfg.num_heads
         self.head_dim = cfg.hidden_size // cfg.num_heads
         self.dropout_p = cfg.attention_dropout
@@ -60,68 +71,133 @@ class BertSelfAttention(nn.Module):
         self.key = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.value = nn.Linear(cfg.hidden_size, cfg.hidden_size)
 
-    def forward(self, x: torch.Tensor, batch: Batch) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, batch: Batch, shortest: int | None) -> torch.Tensor:
         dropout = self.dropout_p if self.training else 0.0
         if batch.unpadded:  # x: [T, H]
             q, k, v = (proj(x).view(-1, self.heads, self.head_dim) for proj in (self.query, self.key, self.value))
-            return varlen_attention(q, k, v, batch.cu_seqlens, batch.max_seqlen, dropout).reshape(x.shape)
+            out = varlen_attention(q, k, v, batch.cu_seqlens, batch.max_seqlen, dropout, self.backend, shortest)
+            return out.reshape(x.shape)
         b, length, hidden = x.shape  # x: [B, L, H]
         q, k, v = (proj(x).view(b, length, self.heads, self.head_dim).transpose(1, 2) for proj in (self.query, self.key, self.value))
         return padded_attention(q, k, v, batch.attention_mask, dropout).transpose(1, 2).reshape(b, length, hidden)
 
 
+def min_seqlen(batch: Batch) -> int:
+    """The shortest sequence of an unpadded batch, which the nested kernel would otherwise find
+    itself, with a device->host copy in every layer."""
+    known = getattr(batch, "min_seqlen", None)  # set by the collate function once Batch carries it
+    if known:
+        return int(known)
+    return int((batch.cu_seqlens[1:] - batch.cu_seqlens[:-1]).min())
+
+
+class Pointwise:
+    """The encoder layers' pointwise tails, eager or torch.compile'd; one instance per model.
+
+    Compiled, each is one fused kernel forward and one backward instead of 3-4 passes over the
+    activations. A failure to compile (no C++ compiler, an unsupported op, ...) switches the
+    model to eager for good, with one warning line: the maths is the same.
+    """
+
+    def __init__(self, compile: bool, backend="inductor"):
+        self.compiled = compile
+        self.failed: str | None = None  # why compiling failed
+        if compile:  # shapes dynamic: the token count changes every step
+            self._bias_gelu = torch.compile(bias_gelu, dynamic=True, backend=backend)
+            self._residual_ln = torch.compile(bias_dropout_residual_layer_norm, dynamic=True, backend=backend)
+
+    def bias_gelu(self, x, bias):
+        return self._guarded(self._bias_gelu, bias_gelu, x, bias)
+
+    def bias_dropout_residual_layer_norm(self, x, bias, residual, norm: nn.Module, p: float, training: bool):
+        args = (x, bias, residual, norm.weight, norm.bias, norm.eps, p, training)
+        return self._guarded(self._residual_ln, bias_dropout_residual_layer_norm, *args)
+
+    def _guarded(self, compiled, eager, *args):
+        if self.failed is None:
+            try:
+                return compiled(*args)
+            except Exception as e:  # noqa: BLE001 - whatever broke the compiler, eager computes the same
+                self.failed = _root_cause(e)
+                print(f"warning: torch.compile failed ({self.failed}); runtime.compile falls back to eager",
+                      file=sys.stderr, flush=True)
+        return eager(*args)
+
+
+def _root_cause(error: BaseException) -> str:
+    """'Type: first line' of the innermost cause (torch wraps compiler errors in its own)."""
+    while (error.__cause__ or error.__context__) is not None:
+        error = error.__cause__ or error.__context__
+    return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:200]}"
+
+
+def bias_gelu(x, bias):
+    return F.gelu(x + bias)
+
+
+def bias_dropout_residual_layer_norm(x, bias, residual, weight, norm_bias, eps: float, p: float, training: bool):
+    return F.layer_norm(F.dropout(x + bias, p, training) + residual, weight.shape, weight, norm_bias, eps)
+
+
 class BertSelfOutput(nn.Module):
     """dense -> dropout -> LayerNorm(x + residual); also the shape of BertOutput."""
 
-    def __init__(self, cfg: ModelConfig, fused: bool, width: int):
+    def __init__(self, cfg: ModelConfig, fused: bool, width: int, pointwise: Pointwise):
         super().__init__()
         self.dense = nn.Linear(width, cfg.hidden_size)
         self.LayerNorm = layer_norm(cfg.hidden_size, cfg.layer_norm_eps, fused)
         self.dropout = nn.Dropout(cfg.hidden_dropout)
+        self.pointwise = pointwise
 
     def forward(self, x, residual):
-        return self.LayerNorm(self.dropout(self.dense(x)) + residual)
+        if self.pointwise.compiled:
+            return self.pointwise.bias_dropout_residual_layer_norm(
+                F.linear(x, self.dense.weight), self.dense.bias, residual, self.LayerNorm, self.dropout.p, self.training)
+        return self.LayerNorm(dropout(self.dense(x), self.dropout.p, self.training) + residual)
 
 
 class BertAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig, fused: bool):
+    def __init__(self, cfg: ModelConfig, fused: bool, backend: str, pointwise: Pointwise):
         super().__init__()
-        self.self = BertSelfAttention(cfg)
-        self.output = BertSelfOutput(cfg, fused, cfg.hidden_size)
+        self.self = BertSelfAttention(cfg, backend)
+        self.output = BertSelfOutput(cfg, fused, cfg.hidden_size, pointwise)
 
-    def forward(self, x, batch):
-        return self.output(self.self(x, batch), x)
+    def forward(self, x, batch, shortest):
+        return self.output(self.self(x, batch, shortest), x)
 
 
 class BertIntermediate(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, pointwise: Pointwise):
         super().__init__()
         self.dense = nn.Linear(cfg.hidden_size, cfg.intermediate_size)
+        self.pointwise = pointwise
 
     def forward(self, x):
+        if self.pointwise.compiled:
+            return self.pointwise.bias_gelu(F.linear(x, self.dense.weight), self.dense.bias)
         return F.gelu(self.dense(x))
 
 
 class BertLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, fused: bool):
+    def __init__(self, cfg: ModelConfig, fused: bool, backend: str, pointwise: Pointwise):
         super().__init__()
-        self.attention = BertAttention(cfg, fused)
-        self.intermediate = BertIntermediate(cfg)
-        self.output = BertSelfOutput(cfg, fused, cfg.intermediate_size)
+        self.attention = BertAttention(cfg, fused, backend, pointwise)
+        self.intermediate = BertIntermediate(cfg, pointwise)
+        self.output = BertSelfOutput(cfg, fused, cfg.intermediate_size, pointwise)
 
-    def forward(self, x, batch):
-        x = self.attention(x, batch)
+    def forward(self, x, batch, shortest):
+        x = self.attention(x, batch, shortest)
         return self.output(self.intermediate(x), x)
 
 
 class BertEncoder(nn.Module):
-    def __init__(self, cfg: ModelConfig, fused: bool):
+    def __init__(self, cfg: ModelConfig, fused: bool, backend: str, pointwise: Pointwise):
         super().__init__()
-        self.layer = nn.ModuleList(BertLayer(cfg, fused) for _ in range(cfg.num_layers))
+        self.layer = nn.ModuleList(BertLayer(cfg, fused, backend, pointwise) for _ in range(cfg.num_layers))
 
-    def forward(self, x, batch):
+    def forward(self, x, batch, shortest=None):
         for layer in self.layer:
-            x = layer(x, batch)
+            x = layer(x, batch, shortest)
         return x
 
 
@@ -135,10 +211,11 @@ class BertPooler(nn.Module):
 
 
 class BertModel(nn.Module):
-    def __init__(self, cfg: ModelConfig, fused: bool):
+    def __init__(self, cfg: ModelConfig, fused: bool, backend: str = "auto", pointwise: Pointwise | None = None):
         super().__init__()
         self.embeddings = BertEmbeddings(cfg, fused)
-        self.encoder = BertEncoder(cfg, fused)
+        self.encoder = BertEncoder(cfg, fused, backend, pointwise or Pointwise(compile=False))
+        self.attention_backend = backend
         self.pooler = BertPooler(cfg)
 
     def forward(self, batch: Batch) -> torch.Tensor:
@@ -148,7 +225,9 @@ class BertModel(nn.Module):
         else:
             positions = torch.arange(batch.input_ids.shape[1], device=batch.input_ids.device).expand_as(batch.input_ids)
         x = self.embeddings(batch.input_ids, batch.segment_ids, positions)
-        x = self.encoder(x, batch)
+        # once per step, not per layer: only the nested kernel needs it
+        shortest = min_seqlen(batch) if batch.unpadded and self.attention_backend in ("auto", "nested") else None
+        x = self.encoder(x, batch, shortest)
         return x.reshape(-1, x.shape[-1])
 
 
@@ -172,8 +251,11 @@ class BertLMPredictionHead(nn.Module):
         self.vocab_size = cfg.vocab_size
 
     def forward(self, x):
-        logits = self.decoder(self.transform(x)) + self.bias
-        return logits[:, : self.vocab_size]
+        x = self.transform(x)
+        if x.is_cuda:  # tensor cores want the padded vocabulary (a multiple of 8) as the GEMM's width
+            return F.linear(x, self.decoder.weight, self.bias)[:, : self.vocab_size]
+        # on the CPU, slicing the weights instead spares the loss two passes over padded logits
+        return F.linear(x, self.decoder.weight[: self.vocab_size], self.bias[: self.vocab_size])
 
 
 class BertPreTrainingHeads(nn.Module):
@@ -184,12 +266,20 @@ class BertPreTrainingHeads(nn.Module):
 
 
 class BertForPreTraining(nn.Module):
-    """forward(batch) -> (MLM logits at the masked positions [M, vocab], NSP logits [S, 2])."""
+    """forward(batch) -> (MLM logits at the masked positions [M, vocab], NSP logits [S, 2]).
 
-    def __init__(self, cfg: ModelConfig, fused_kernels: bool = False):
+    fused_kernels: apex's FusedLayerNorm where importable (runtime.kernels: apex);
+    attention: the variable-length attention backend, runtime.attention (auto | flash_attn |
+    nested | per_sequence); an unknown name or flash_attn without the package raises
+    AttentionUnavailable here, a device/dtype that cannot run the choice at the first forward;
+    compile: torch.compile the encoder layers' pointwise tails (runtime.compile).
+    """
+
+    def __init__(self, cfg: ModelConfig, fused_kernels: bool = False, attention: str = "auto", compile: bool = False):
         super().__init__()
+        check_backend_name(attention)
         self.config = cfg
-        self.bert = BertModel(cfg, fused_kernels)
+        self.bert = BertModel(cfg, fused_kernels, attention, Pointwise(compile))
         self.cls = BertPreTrainingHeads(cfg, fused_kernels, self.bert.embeddings.word_embeddings)
         self.apply(self._init_weights)
 
@@ -213,9 +303,34 @@ class BertForPreTraining(nn.Module):
 
 def pretraining_loss_sums(mlm_logits, nsp_logits, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
     """Summed (not averaged) cross-entropies: the caller divides by the global counts."""
-    mlm = F.cross_entropy(mlm_logits.float(), batch.mlm_labels, reduction="sum")
+    if mlm_logits.device.type == "cpu":
+        mlm = SummedCrossEntropy.apply(mlm_logits.float(), batch.mlm_labels)
+    else:
+        mlm = F.cross_entropy(mlm_logits.float(), batch.mlm_labels, reduction="sum")
     nsp = F.cross_entropy(nsp_logits.float(), batch.nsp_labels, reduction="sum")
     return mlm, nsp
+
+
+class SummedCrossEntropy(torch.autograd.Function):
+    """F.cross_entropy(logits, labels, reduction="sum") in fewer passes over the [M, vocab] logits.
+
+    On the CPU each pass over a fresh logits-sized tensor costs page faults besides the maths;
+    torch's version makes four (log-softmax, its gradient, the loss gradient's zeros, ...), this
+    one two: logsumexp forward, softmax minus one-hot backward.
+    """
+
+    @staticmethod
+    def forward(ctx, logits, labels):
+        lse = torch.logsumexp(logits, dim=-1)
+        ctx.save_for_backward(logits, lse, labels)
+        return (lse - logits.gather(1, labels[:, None]).squeeze(1)).sum()
+
+    @staticmethod
+    def backward(ctx, grad):
+        logits, lse, labels = ctx.saved_tensors
+        grad_logits = torch.sub(logits, lse[:, None]).exp_()  # softmax
+        grad_logits[torch.arange(labels.numel(), device=labels.device), labels] -= 1.0
+        return grad_logits.mul_(grad), None
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -1,0 +1,192 @@
+"""Variable-length attention: every backend against the per-sequence reference, and the selection rules."""
+
+import pytest
+import torch
+
+from trainer.attention import (
+    AttentionUnavailable,
+    check_attention,
+    cpu_dropout_attention,
+    flash_attn_installed,
+    nested_attention,
+    padded_attention,
+    per_sequence_attention,
+    resolve_backend,
+    varlen_attention,
+)
+from trainer.dropout import dropout, dropout_noise, dropout_threshold
+
+HEADS, DIM = 4, 16
+LENGTHS = [1, 512, 37, 2, 300, 128, 1, 77]  # incl. the shortest and the longest BERT sequence
+
+
+def packed(lengths, seed=0, requires_grad=True):
+    """q, k, v as a packed stream [T, heads, D] and their int32 offsets."""
+    gen = torch.Generator().manual_seed(seed)
+    total = sum(lengths)
+    q, k, v = (torch.randn(total, HEADS, DIM, generator=gen, requires_grad=requires_grad) for _ in range(3))
+    cu_seqlens = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    return q, k, v, cu_seqlens
+
+
+def nested(q, k, v, cu_seqlens, dropout_p=0.0):
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+    return nested_attention(q, k, v, cu_seqlens, max(lengths), min(lengths), dropout_p)
+
+
+def test_the_reference_equals_masked_attention_on_the_padded_batch():
+    q, k, v, cu = packed(LENGTHS[:5], requires_grad=False)
+    width = max(LENGTHS[:5])
+    padded = [torch.zeros(len(LENGTHS[:5]), width, HEADS, DIM) for _ in range(3)]
+    mask = torch.zeros(len(LENGTHS[:5]), width, dtype=torch.bool)
+    for b, (start, end) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
+        for dst, src in zip(padded, (q, k, v)):
+            dst[b, : end - start] = src[start:end]
+        mask[b, : end - start] = True
+    out = padded_attention(*(x.transpose(1, 2) for x in padded), mask, 0.0).transpose(1, 2)
+    torch.testing.assert_close(per_sequence_attention(q, k, v, cu, 0.0), out[mask], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("lengths", [LENGTHS, [512], [1]], ids=["mixed", "one-long", "one-token"])
+def test_nested_forward_and_gradients_equal_the_reference(lengths):
+    q, k, v, cu = packed(lengths)
+    grad_out = torch.randn(sum(lengths), HEADS, DIM, generator=torch.Generator().manual_seed(9))
+    results = []
+    for attention in (lambda: per_sequence_attention(q, k, v, cu, 0.0), lambda: nested(q, k, v, cu)):
+        out = attention()
+        assert out.shape == q.shape
+        results.append((out, *torch.autograd.grad(out, (q, k, v), grad_out)))
+    for ours, reference in zip(results[1], results[0]):
+        torch.testing.assert_close(ours, reference, rtol=1e-5, atol=1e-6)
+
+
+def uniform_attention_inputs(lengths):
+    """q = k = 0 makes every attention weight 1/L; v = L makes each output row L * (sum of the
+    kept weights) / (1 - p): times (1 - p) it counts the keys that dropout kept."""
+    q, k, v, cu = packed(lengths, requires_grad=False)
+    q, k = torch.zeros_like(q), torch.zeros_like(k)
+    v = torch.cat([torch.full((n, HEADS, DIM), float(n)) for n in lengths])
+    return q, k, v, cu
+
+
+@pytest.mark.parametrize("backend", ["nested", "per_sequence"])
+def test_dropout_drops_at_its_rate_and_repeats_under_a_seed(backend):
+    p, lengths = 0.25, [300, 200, 1]
+    q, k, v, cu = uniform_attention_inputs(lengths)
+
+    def run(seed):
+        torch.manual_seed(seed)
+        return varlen_attention(q, k, v, cu, max(lengths), p, backend, min(lengths))
+
+    out = run(0)
+    kept = out[..., 0] * (1 - p)  # [T, heads]: keys kept per query row
+    torch.testing.assert_close(kept, kept.round(), rtol=0, atol=1e-3)
+    assert (kept[:300] < 300).all() and (kept[:300] > 0).all()  # some dropped, some kept in every row
+    kept_share = kept[:300].sum() / (300 * 300 * HEADS)
+    assert abs(kept_share - (1 - p)) < 0.01
+    assert torch.equal(run(0), out) and not torch.equal(run(1), out)
+
+
+def test_nested_dropout_trains():
+    q, k, v, cu = packed(LENGTHS)
+    torch.manual_seed(0)
+    nested(q, k, v, cu, dropout_p=0.1).square().sum().backward()
+    assert all(x.grad is not None and torch.isfinite(x.grad).all() and x.grad.abs().sum() > 0 for x in (q, k, v))
+
+
+HALF = (torch.float16, torch.bfloat16)
+
+
+@pytest.mark.parametrize("flash_attn", [True, False], ids=["flash_attn-installed", "no-flash_attn"])
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_auto_takes_the_first_fused_kernel_for_the_device_and_dtype(flash_attn, device, dtype):
+    chosen = resolve_backend("auto", device, dtype, 64, flash_attn)
+    if device == "cuda" and dtype in HALF:
+        assert chosen == ("flash_attn" if flash_attn else "nested")
+    else:  # measured: on the CPU one dense SDPA per sequence beats the nested math fallback
+        assert chosen == "per_sequence"
+
+
+@pytest.mark.parametrize("head_dim", [60, 512])
+def test_auto_skips_nested_where_torch_flash_cannot_take_the_head_size(head_dim):
+    assert resolve_backend("auto", "cuda", torch.bfloat16, head_dim, False) == "per_sequence"
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("requested", ["nested", "per_sequence"])
+def test_torch_native_choices_run_everywhere(device, requested):
+    assert resolve_backend(requested, device, torch.float32, 64, False) == requested
+
+
+@pytest.mark.parametrize("flash_attn, device, dtype, message", [
+    (False, "cuda", torch.bfloat16, "runtime.attention: flash_attn needs the flash_attn package (pip install flash-attn); or set runtime.attention: auto"),
+    (True, "cpu", torch.bfloat16, "runtime.attention: flash_attn needs CUDA in fp16/bf16 (runtime.device: cuda, runtime.precision: bf16 or fp16), not cpu bfloat16"),
+    (True, "cuda", torch.float32, "not cuda float32; or set runtime.attention: auto"),
+])
+def test_an_explicit_flash_attn_that_cannot_run_says_why_in_one_line(flash_attn, device, dtype, message):
+    with pytest.raises(AttentionUnavailable, match="^runtime.attention: flash_attn needs ") as raised:
+        resolve_backend("flash_attn", device, dtype, 64, flash_attn)
+    assert message in str(raised.value) and "\n" not in str(raised.value)
+    assert isinstance(raised.value, ValueError)
+
+
+def test_unknown_backend_and_the_preflight_check():
+    with pytest.raises(AttentionUnavailable, match=r"^runtime.attention: expected one of auto, flash_attn, nested, per_sequence, got 'flash'$"):
+        check_attention("flash", "cpu", "fp32")
+    assert check_attention("auto", "cpu", "fp32") == "per_sequence"
+    if not flash_attn_installed():
+        with pytest.raises(AttentionUnavailable, match="pip install flash-attn"):
+            check_attention("flash_attn", "cuda", "bf16")
+    else:
+        assert check_attention("flash_attn", "cuda", "bf16") == "flash_attn"
+
+
+def test_varlen_attention_on_the_cpu_refuses_an_explicit_flash_attn():
+    q, k, v, cu = packed([3, 4], requires_grad=False)
+    with pytest.raises(AttentionUnavailable, match="^runtime.attention: flash_attn needs"):
+        varlen_attention(q, k, v, cu, 4, 0.0, "flash_attn", 3)
+
+
+def test_the_cpu_dropout_path_is_the_reference_when_nothing_is_dropped():
+    q, k, v, cu = packed(LENGTHS)
+    lengths = (cu[1:] - cu[:-1]).tolist()
+    grad_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(2))
+    ours = cpu_dropout_attention(q, k, v, lengths, 1e-9)  # rounds to 0 of 65536: keeps everything
+    reference = per_sequence_attention(q, k, v, cu, 0.0)
+    torch.testing.assert_close(ours, reference, rtol=1e-5, atol=1e-6)
+    for a, b in zip(torch.autograd.grad(ours, (q, k, v), grad_out), torch.autograd.grad(reference, (q, k, v), grad_out)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_the_cheap_mask_rounds_p_to_sixteen_bits_and_keeps_the_expectation():
+    assert dropout_threshold(0.1) == (6554 - 32768, 1 - 6554 / 65536)
+    assert dropout_threshold(0.0) == (-32768, 1.0)  # nothing is below the smallest int16
+    torch.manual_seed(0)
+    noise = dropout_noise(4_000_001, 0.1, torch.bfloat16)
+    assert noise.dtype == torch.bfloat16 and noise.shape == (4_000_001,)
+    assert set(noise.unique().float().tolist()) == {0.0, torch.tensor(65536 / 58982, dtype=torch.bfloat16).item()}
+    assert abs((noise == 0).float().mean().item() - 6554 / 65536) < 5e-4
+    assert abs(noise.float().mean().item() - 1.0) < 2e-3  # bf16's scale is 1.1111 to 3 digits
+
+
+def test_bf16_on_the_cpu_runs_every_torch_backend():
+    q, k, v, cu = (x.detach().bfloat16() if x.is_floating_point() else x for x in packed([5, 9, 1]))
+    reference = per_sequence_attention(q.float(), k.float(), v.float(), cu, 0.0)
+    for backend in ("nested", "per_sequence"):
+        out = varlen_attention(q, k, v, cu, 9, 0.0, backend, 1)
+        assert out.dtype == torch.bfloat16
+        torch.testing.assert_close(out.float(), reference, rtol=2e-2, atol=2e-2)
+        assert varlen_attention(q, k, v, cu, 9, 0.1, backend, 1).dtype == torch.bfloat16
+
+
+def test_cheap_hidden_dropout_drops_scales_and_repeats():
+    x = torch.ones(1000, 1000)
+    torch.manual_seed(0)
+    y = dropout(x, 0.1, training=True)
+    kept = 1 - 6554 / 65536
+    assert set(y.unique().tolist()) == {0.0, torch.tensor(1 / kept).item()}
+    assert abs((y == 0).float().mean().item() - 0.1) < 2e-3 and abs(y.mean().item() - 1.0) < 3e-3
+    torch.manual_seed(0)
+    assert torch.equal(dropout(x, 0.1, training=True), y)
+    assert dropout(x, 0.1, training=False) is x and dropout(x, 0.0, training=True) is x
