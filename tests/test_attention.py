@@ -190,3 +190,13 @@ def test_cheap_hidden_dropout_drops_scales_and_repeats():
     torch.manual_seed(0)
     assert torch.equal(dropout(x, 0.1, training=True), y)
     assert dropout(x, 0.1, training=False) is x and dropout(x, 0.0, training=True) is x
+
+
+def test_a_run_asking_for_flash_attn_on_the_cpu_stops_before_training_naming_the_key():
+    from trainer.config import RuntimeConfig
+    from trainer.distributed import LaunchError, check_kernels
+
+    check_kernels(RuntimeConfig(attention="per_sequence", compile=True), torch.device("cpu"))
+    with pytest.raises(LaunchError, match="^runtime.attention: flash_attn needs ") as raised:
+        check_kernels(RuntimeConfig(attention="flash_attn"), torch.device("cpu"))
+    assert "\n" not in str(raised.value)

@@ -9,6 +9,7 @@ import sys
 import torch
 import torch.distributed as dist
 
+from trainer.attention import AttentionUnavailable, check_attention
 from trainer.config import RunConfig, RuntimeConfig
 from trainer.dist_env import DistEnv, detect
 
@@ -71,6 +72,10 @@ def check_kernels(runtime: RuntimeConfig, device: torch.device) -> None:
     if device.type == "cuda" and runtime.precision == "bf16" and not torch.cuda.is_bf16_supported():
         raise LaunchError(f"runtime.precision: bf16 is not supported by {torch.cuda.get_device_name(device)} "
                           "(use fp16 or fp32)")
+    try:
+        check_attention(runtime.attention, device.type, runtime.precision)
+    except AttentionUnavailable as e:
+        raise LaunchError(str(e)) from None
 
 
 def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:

@@ -345,7 +345,8 @@ class Trainer:
 
 
 def build_model(cfg: RunConfig, device: torch.device) -> BertForPreTraining:
-    model = BertForPreTraining(cfg.model, fused_kernels=cfg.runtime.kernels == "apex")
+    model = BertForPreTraining(cfg.model, fused_kernels=cfg.runtime.kernels == "apex",
+                               attention=cfg.runtime.attention, compile=cfg.runtime.compile)
     if cfg.train.init_checkpoint:
         load_pretrained_file(model, expand_path(cfg.train.init_checkpoint))
     return model.to(device).train()

@@ -162,6 +162,11 @@ class RuntimeConfig(Section):
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     kernels: Literal["torch", "apex"] = "torch"
     unpad: bool = False
+    # variable-length attention (with unpad): auto takes flash_attn, else PyTorch's own flash kernel
+    # on jagged NestedTensors (CUDA fp16/bf16), else one SDPA call per sequence (see trainer/attention.py)
+    attention: Literal["auto", "flash_attn", "nested", "per_sequence"] = "auto"
+    # torch.compile the encoder layers' pointwise tails; falls back to eager with a warning if compiling fails
+    compile: bool = False
     dense_seq_output: bool = True
     nccl_warmup_steps: int = Field(0, ge=0)
     init_loss_scale: float = Field(2.0**20, gt=0.0)
