@@ -113,8 +113,7 @@ def submit_stage(path: Path, job_dir: Path, container: str) -> str:
     from orchestrator.submit import job_environment
 
     try:
-        with job_environment(container):
-            return scheduler.sbatch(path, job_dir)
+        return scheduler.sbatch(path, job_dir, env=job_environment(container))
     except scheduler.SchedulerError as e:
         raise UserError(f"sbatch refused the job: {e}", where="sbatch") from None
 
