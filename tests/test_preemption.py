@@ -90,7 +90,7 @@ def test_sigusr2_requeues_exactly_the_preempted_run_which_resumes_to_the_same_lo
     exp_dir = bertctl_home / "experiments" / exp
     metrics = exp_dir / "metrics" / "run_1.jsonl"
     wait(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 10, 400, "run 1 to train 10 updates")
-    job = view(exp)["job_ids"][1]
+    job = view(exp)["job_ids"][-1]  # array: run 1's element; loop: the one job
     subprocess.run(["scancel", "--signal=USR2", job], check=True)
     wait(lambda: view(exp)["state"] in ("COMPLETED", "FAILED", "CANCELLED"), 600, "the experiment to end")
 
@@ -108,5 +108,9 @@ def test_sigusr2_requeues_exactly_the_preempted_run_which_resumes_to_the_same_lo
     else:
         assert len(history[job]) > 1, history  # the one job went round again
         assert "run 0 finished earlier" in (exp_dir / "slurm-" f"{job}.out").read_text()
-    check = run_bertctl("compliance-check", exp, "--no-score")
-    assert check.code == 0, check.err[-2000:]
+    # every log passes the official checker, the requeued one included; the runs stop aborted by
+    # design (40 updates cannot reach the 0.99 target), so the set itself is not a passing result
+    check = run_bertctl("compliance-check", exp, "--no-score", "--json")
+    runs = json.loads(check.out)["runs"]
+    assert [(r["file"], r["compliant"], r["status"]) for r in runs] == [
+        ("result_0.txt", True, "aborted"), ("result_1.txt", True, "aborted")], check.err[-2000:]
