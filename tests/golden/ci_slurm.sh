@@ -32,7 +32,7 @@ export OMP_NUM_THREADS=1
 mkdir -p "$EXP_DIR/results" "$EXP_DIR/logs" "$EXP_DIR/runs"
 
 # ---- the resolved run configuration every rank reads: the whole recipe
-cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_03248cdabd644cd3'
+cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_eaf1980663ef9d78'
 world_size: 4
 model:
   num_layers: 2
@@ -91,12 +91,15 @@ balance:
   snake: true
   packing: false
   pack_window: 1024
+  pack_sequences: null
 runtime:
   device: cpu
   backend: gloo
   precision: fp32
   kernels: torch
   unpad: true
+  attention: auto
+  compile: false
   dense_seq_output: true
   nccl_warmup_steps: 2
   init_loss_scale: 1048576.0
@@ -113,7 +116,7 @@ mlperf:
   platform: 2xCPU
   ruleset: 5.0.0
   legacy_keys: true
-BERTCTL_RUN_YAML_03248cdabd644cd3
+BERTCTL_RUN_YAML_eaf1980663ef9d78
 
 # Drop the page cache (root, or passwordless sudo for sysctl), as the MLPerf rules ask before each run.
 DROP_CACHES='sync && if [ "$(id -u)" -eq 0 ]; then /sbin/sysctl -q vm.drop_caches=3; else sudo -n /sbin/sysctl -q vm.drop_caches=3; fi'
@@ -131,7 +134,7 @@ step() {
 }
 
 # ---- phase 1, trained once per machine: it writes the checkpoint the runs start from
-cat > "$EXP_DIR/phase1.yaml" <<'BERTCTL_PHASE1_YAML_0cd47d0e7ce12a24'
+cat > "$EXP_DIR/phase1.yaml" <<'BERTCTL_PHASE1_YAML_5833f9f027180121'
 world_size: 1
 model:
   num_layers: 2
@@ -190,12 +193,15 @@ balance:
   snake: true
   packing: false
   pack_window: 1024
+  pack_sequences: null
 runtime:
   device: cpu
   backend: gloo
   precision: fp32
   kernels: torch
   unpad: false
+  attention: auto
+  compile: false
   dense_seq_output: true
   nccl_warmup_steps: 0
   init_loss_scale: 1048576.0
@@ -212,7 +218,7 @@ mlperf:
   platform: 2xCPU
   ruleset: 5.0.0
   legacy_keys: true
-BERTCTL_PHASE1_YAML_0cd47d0e7ce12a24
+BERTCTL_PHASE1_YAML_5833f9f027180121
 
 # ---- the per-rank launch
 cat > "$EXP_DIR/task.sh" <<'BERTCTL_TASK_9868c8e97e870785'

@@ -33,7 +33,7 @@ export OMP_NUM_THREADS=1
 mkdir -p "$EXP_DIR/results" "$EXP_DIR/logs" "$EXP_DIR/runs"
 
 # ---- the resolved run configuration every rank reads: the whole recipe
-cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_03248cdabd644cd3'
+cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_eaf1980663ef9d78'
 world_size: 4
 model:
   num_layers: 2
@@ -92,12 +92,15 @@ balance:
   snake: true
   packing: false
   pack_window: 1024
+  pack_sequences: null
 runtime:
   device: cpu
   backend: gloo
   precision: fp32
   kernels: torch
   unpad: true
+  attention: auto
+  compile: false
   dense_seq_output: true
   nccl_warmup_steps: 2
   init_loss_scale: 1048576.0
@@ -114,18 +117,18 @@ mlperf:
   platform: 2xCPU
   ruleset: 5.0.0
   legacy_keys: true
-BERTCTL_RUN_YAML_03248cdabd644cd3
+BERTCTL_RUN_YAML_eaf1980663ef9d78
 
 # Drop the page cache (root, or passwordless sudo for sysctl), as the MLPerf rules ask before each run.
 DROP_CACHES='sync && if [ "$(id -u)" -eq 0 ]; then /sbin/sysctl -q vm.drop_caches=3; else sudo -n /sbin/sysctl -q vm.drop_caches=3; fi'
 
 # ---- the per-rank launch
-cat > "$EXP_DIR/task.sh" <<'BERTCTL_TASK_96ed6b4438f6c6b5'
+cat > "$EXP_DIR/task.sh" <<'BERTCTL_TASK_359bd9d864a1272f'
 #!/bin/bash
 # One rank: the probe. Rank and world come from Slurm's or torchrun's variables.
 set -euo pipefail
-exec "$PYTHON" -u -m trainer.probe
-BERTCTL_TASK_96ed6b4438f6c6b5
+exec "$PYTHON" -u -m trainer.probe --config "$EXP_DIR/run.yaml" --out "$EXP_DIR" --run-index "$BERTCTL_RUN_INDEX" --seed "$BERTCTL_SEED"
+BERTCTL_TASK_359bd9d864a1272f
 
 CONTAINER=()
 

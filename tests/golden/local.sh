@@ -21,7 +21,7 @@ trap 'echo $? > "$EXP_DIR/job.exit"' EXIT
 mkdir -p "$EXP_DIR/results" "$EXP_DIR/logs" "$EXP_DIR/runs"
 
 # ---- the resolved run configuration every rank reads: the whole recipe
-cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_aa85995aedb26dfd'
+cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_3d5a8f6791ee216a'
 world_size: 1
 model:
   num_layers: 2
@@ -80,12 +80,15 @@ balance:
   snake: true
   packing: false
   pack_window: 1024
+  pack_sequences: null
 runtime:
   device: cpu
   backend: gloo
   precision: fp32
   kernels: torch
   unpad: true
+  attention: auto
+  compile: false
   dense_seq_output: true
   nccl_warmup_steps: 0
   init_loss_scale: 1048576.0
@@ -102,7 +105,7 @@ mlperf:
   platform: 1xCPU
   ruleset: 5.0.0
   legacy_keys: true
-BERTCTL_RUN_YAML_aa85995aedb26dfd
+BERTCTL_RUN_YAML_3d5a8f6791ee216a
 
 
 # A preparatory step: its output goes to logs/NAME.log, its exit code to runs/NAME.exit.
@@ -118,7 +121,7 @@ step() {
 }
 
 # ---- phase 1, trained once per machine: it writes the checkpoint the runs start from
-cat > "$EXP_DIR/phase1.yaml" <<'BERTCTL_PHASE1_YAML_eb82ecc3cd2ae445'
+cat > "$EXP_DIR/phase1.yaml" <<'BERTCTL_PHASE1_YAML_fb227b2fc96b0723'
 world_size: 1
 model:
   num_layers: 2
@@ -177,12 +180,15 @@ balance:
   snake: true
   packing: false
   pack_window: 1024
+  pack_sequences: null
 runtime:
   device: cpu
   backend: gloo
   precision: fp32
   kernels: torch
   unpad: false
+  attention: auto
+  compile: false
   dense_seq_output: true
   nccl_warmup_steps: 0
   init_loss_scale: 1048576.0
@@ -199,7 +205,7 @@ mlperf:
   platform: 1xCPU
   ruleset: 5.0.0
   legacy_keys: true
-BERTCTL_PHASE1_YAML_eb82ecc3cd2ae445
+BERTCTL_PHASE1_YAML_fb227b2fc96b0723
 
 # ---- prerequisites, built once per machine (each step returns at once when its result exists)
 step prepare "$PYTHON" -m orchestrator data prepare --dataset sample

@@ -34,7 +34,7 @@ export NCCL_TOPO_FILE=/workspace/bert/dgxa100_nic_affinity.xml
 mkdir -p "$EXP_DIR/results" "$EXP_DIR/logs" "$EXP_DIR/runs"
 
 # ---- the resolved run configuration every rank reads: the whole recipe
-cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_e4e66c9e34d5d6e8'
+cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_5dda9c36ab09b8f2'
 world_size: 64
 model:
   num_layers: 24
@@ -93,12 +93,15 @@ balance:
   snake: true
   packing: false
   pack_window: 1024
+  pack_sequences: null
 runtime:
   device: cuda
   backend: nccl
   precision: fp16
   kernels: apex
   unpad: true
+  attention: auto
+  compile: false
   dense_seq_output: true
   nccl_warmup_steps: 0
   init_loss_scale: 1048576.0
@@ -115,7 +118,7 @@ mlperf:
   platform: 8xNVIDIA DGX A100
   ruleset: 5.0.0
   legacy_keys: true
-BERTCTL_RUN_YAML_e4e66c9e34d5d6e8
+BERTCTL_RUN_YAML_5dda9c36ab09b8f2
 
 # Drop the page cache (root, or passwordless sudo for sysctl), as the MLPerf rules ask before each run.
 DROP_CACHES='sync && if [ "$(id -u)" -eq 0 ]; then /sbin/sysctl -q vm.drop_caches=3; else sudo -n /sbin/sysctl -q vm.drop_caches=3; fi'

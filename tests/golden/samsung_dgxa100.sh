@@ -33,7 +33,7 @@ export NCCL_IB_HCA=mlx5_1,mlx5_0,mlx5_5,mlx5_2
 mkdir -p "$EXP_DIR/results" "$EXP_DIR/logs" "$EXP_DIR/runs"
 
 # ---- the resolved run configuration every rank reads: the whole recipe
-cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_96ad4f0947edbd6b'
+cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_9be8fbfa70dabfb8'
 world_size: 1024
 model:
   num_layers: 24
@@ -96,12 +96,15 @@ balance:
   snake: true
   packing: false
   pack_window: 1024
+  pack_sequences: null
 runtime:
   device: cuda
   backend: nccl
   precision: fp16
   kernels: apex
   unpad: true
+  attention: auto
+  compile: false
   dense_seq_output: true
   nccl_warmup_steps: 10
   init_loss_scale: 131072.0
@@ -118,7 +121,7 @@ mlperf:
   platform: 128xNVIDIA DGX A100
   ruleset: 5.0.0
   legacy_keys: true
-BERTCTL_RUN_YAML_96ad4f0947edbd6b
+BERTCTL_RUN_YAML_9be8fbfa70dabfb8
 
 # Drop the page cache (root, or passwordless sudo for sysctl), as the MLPerf rules ask before each run.
 DROP_CACHES='sync && if [ "$(id -u)" -eq 0 ]; then /sbin/sysctl -q vm.drop_caches=3; else sudo -n /sbin/sysctl -q vm.drop_caches=3; fi'
