@@ -16,7 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
-from trainer.config import DatasetOutput
+from trainer.config import DatasetOutput, expand_path
 from trainer.data.layout import Sample, Shard, write_shard
 from trainer.data.prepare import eval_pick, files, tfrecord
 from trainer.data.prepare.bins import bin_counts, bin_of, shard_name, shard_spans
@@ -26,6 +26,7 @@ from trainer.data.prepare.masking import SpecialIds, build_sample
 from trainer.data.prepare.plan import CombineTask, ExamplesTask, Plan
 from trainer.data.prepare.stats import ShardStats, columns_stats, shard_stats
 from trainer.data.prepare.textfile import Document, read_documents, write_documents
+from trainer.data.prepare.verify import input_file_problems
 from trainer.data.prepare.vocab import SPECIAL_TOKENS, WordPiece, read_vocab, train_vocab
 
 
@@ -269,9 +270,7 @@ def sample_columns(samples: list[Sample]):
 # ---- checkpoint: the phase-1 TensorFlow checkpoint -> PyTorch
 
 def checkpoint_task(plan: Plan) -> dict:
-    from trainer import convert_checkpoint
-    from trainer.config import expand_path
-    from trainer.data.prepare.verify import input_file_problems
+    from trainer import convert_checkpoint  # imports torch: only the checkpoint stage needs it
 
     output = plan.checkpoint_output
     if output is None or output.exists():

@@ -20,7 +20,7 @@ from typing import TextIO
 
 import numpy as np
 
-from trainer.config import DatasetOutput
+from trainer.config import DatasetOutput, expand_path
 from trainer.data.layout import Shard, ShardError, sample_count
 from trainer.data.prepare import files
 from trainer.data.prepare.bins import bin_counts, bin_names
@@ -186,8 +186,6 @@ def digest_check(plan: Plan, name: str, paths: list[Path], per_file: dict[Path, 
 
 def checkpoint_checks(plan: Plan) -> list[Check]:
     ck = plan.manifest.checkpoint
-    from trainer.config import expand_path
-
     checks = []
     if ck.tf_checkpoint:
         problems = [f"{path}: {what}" for path, what in input_file_problems(plan)]
@@ -203,8 +201,6 @@ def checkpoint_checks(plan: Plan) -> list[Check]:
 
 def input_file_problems(plan: Plan) -> list[tuple[Path, str]]:
     """Size and md5 of the checkpoint's files against the manifest (a published md5 prefix suffices)."""
-    from trainer.config import expand_path
-
     ck = plan.manifest.checkpoint
     wanted = [(Path(expand_path(ck.tf_checkpoint) + suffix), check) for suffix, check in ck.files.items()]
     if ck.bert_config and ck.bert_config_file:
