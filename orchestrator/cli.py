@@ -202,10 +202,10 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
     if args.out and Path(args.out).suffix.lower() != ".png":
         raise UserError(f"--out: the plot is a PNG file: the name must end in .png, got {args.out!r}")
-    rs = resultset.load(args.experiment, args.results)
-    target = Path(args.out) if args.out else plot.default_output(rs)
+    sets = resultset.load_many(args.experiment, args.results or [])
+    target = Path(args.out) if args.out else plot.default_output(sets)
     try:
-        out = plot.plot(rs, target)
+        out = plot.plot(sets, target)
     except OSError as e:
         raise UserError(f"--out: cannot write {target}: {e.strerror}") from None
     print(out)
@@ -378,10 +378,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, metavar="DIR", help="folder to write ORG/ into")
     p.add_argument("--system", help="the system's id in the package (default: the cluster name)")
     p.add_argument("--ruleset", help="the package checker's ruleset (default: the experiment's, 5.0.0)")
-    p = verb("plot", cmd_plot, "draw eval accuracy and throughput of every run as a PNG; prints its path")
-    experiment_arg(p, nargs="?")
-    p.add_argument("--results", metavar="DIR", help="instead of an experiment: an MLPerf result tree or a folder of result_*.txt")
-    p.add_argument("--out", metavar="PNG", help="where to write the PNG (default: convergence.png in the experiment)")
+    p = verb("plot", cmd_plot, "draw eval accuracy, training loss and throughput of every run as a PNG; prints its path. "
+             "Several experiments (or --results) are overlaid, one colour and line style each")
+    experiment_arg(p, nargs="*", help_="experiment ids (or unique prefixes, or `last`); two or more are overlaid")
+    p.add_argument("--results", metavar="DIR", action="append",
+                   help="an MLPerf result tree or a folder of result_*.txt (repeatable; overlaid with any experiments)")
+    p.add_argument("--out", metavar="PNG", help="where to write the PNG (default: convergence.png in the experiment; "
+                   "for an overlay or --results, convergence_<names>.png here)")
     add_data_verbs(verb)
     # listed here for --help; main() hands its arguments to the simulator untouched
     verbs.add_parser("balance", help="simulate load balance across ranks on the real length histogram: "

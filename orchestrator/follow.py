@@ -64,7 +64,7 @@ def judge(exp: Experiment, console) -> bool:
         mean = f"{sum(minutes) / len(minutes):.3f} min" if minutes else "n/a"
         say(f"score: no olympic score with {exp.nexp} run(s) (MLPerf needs {scoring.required_runs()}); "
             f"mean time to train: {mean}")
-    say(f"plot: {plot.plot(rs, plot.default_output(rs))}")
+    say(f"plot: {plot.plot([rs], plot.default_output([rs]))}")
     return report.passed
 
 

@@ -1,15 +1,25 @@
-"""`bertctl plot`: convergence curves and training throughput of every run of a set, as one PNG.
+"""`bertctl plot`: convergence, training loss and throughput of one or more sets of runs, as one PNG.
 
-Top: eval accuracy against samples trained, one line per run, the MLPerf target, each run's time
-to train in the legend and its convergence point marked. Bottom: training throughput (samples/s)
+Top: eval accuracy against samples trained, one line per run, each run's time to train in the
+legend and its convergence point marked. Middle (when the runs have `metrics/run_N.jsonl`, as
+bertctl's own do): training loss against samples trained. Bottom: training throughput (samples/s)
 against minutes since run_start.
+
+One set: a colour per run. Several sets (`bertctl plot EXP1 EXP2`, e.g. a recipe before and after a
+change): a colour and a line style per set, every run of a set drawn in it, one legend entry per set,
+so a regression shows as one family of curves apart from the other.
+
+The accuracy axis fits the data: MLPerf's 0.720 target is drawn when it is in reach of the curves,
+and otherwise stated in the title, so a small model's curves are not squeezed into a flat line.
 """
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 MLPERF_TARGET = 0.720
+SET_STYLES = ("-", "--", ":", "-.")
 THROUGHPUT_SOURCES = {
     "tracked_stats": "the trainer's tracked_stats throughput",
     "blocks": "samples per block, block_start to block_stop",
@@ -18,54 +28,76 @@ THROUGHPUT_SOURCES = {
 }
 
 
-def default_output(rs) -> Path:
-    """Next to the experiment's results; for a foreign tree, in the current directory (it may be read-only)."""
-    if rs.experiment is not None:
-        return rs.experiment.path / "convergence.png"
-    return Path.cwd() / f"convergence_{_slug(rs.label)}.png"
+def default_output(sets: list) -> Path:
+    """One experiment: next to its results. Otherwise (a foreign tree may be read-only, an overlay
+    belongs to no one experiment) in the current directory."""
+    if len(sets) == 1 and sets[0].experiment is not None:
+        return sets[0].experiment.path / "convergence.png"
+    names = [rs.label if rs.experiment is not None else _slug(rs.label) for rs in sets]
+    return Path.cwd() / f"convergence_{'_vs_'.join(names)}.png"
 
 
-def plot(rs, out: Path) -> Path:
-    """Draw the set and write it as a PNG; returns its path."""
+def plot(sets: list, out: Path) -> Path:
+    """Draw the sets and write them as a PNG; returns its path."""
     import matplotlib.pyplot as plt
 
-    fig = figure(rs)
+    fig = figure(sets)
     out.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
 
 
-def figure(rs):
-    """The matplotlib figure: accuracy axes first, throughput axes second."""
+def figure(sets: list):
+    """The matplotlib figure: accuracy axes first, loss axes (if any run has metrics), throughput last."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display on a login node
     import matplotlib.pyplot as plt
 
-    fig, (acc_ax, tput_ax) = plt.subplots(2, 1, figsize=(11, 9), gridspec_kw={"height_ratios": [3, 2]})
-    colours = plt.get_cmap("tab10")
-    estimated, sources, peak = False, set(), 0.0
-    scale, unit = _sample_unit(rs)
-    for i, s in enumerate(rs.summaries):
-        colour = colours(i % 10)
-        curve, guessed = s.accuracy_curve()
-        estimated |= guessed
-        if curve:
-            xs = [samples / scale for samples, _ in curve]
-            acc_ax.plot(xs, [acc for _, acc in curve], "-o", ms=3, lw=1.3, color=colour, label=_legend(s))
-            if s.converged:
-                acc_ax.plot(xs[-1], curve[-1][1], "*", ms=12, color=colour, markeredgecolor="black", mew=0.5)
-        points, source = s.throughput()
-        if points:
-            sources.add(source)
-            tput_ax.plot([t for t, _ in points], [v for _, v in points], "-", lw=1.3, color=colour)
-            peak = max(peak, max(v for _, v in points))
-    _decorate_accuracy(acc_ax, rs, estimated, unit)
+    losses = [[rs.loss_curve(i) for i in range(len(rs.summaries))] for rs in sets]
+    with_loss = any(curve for set_losses in losses for curve in set_losses)
+    ratios = [3, 2, 2] if with_loss else [3, 2]
+    fig, axes = plt.subplots(len(ratios), 1, figsize=(11, 4.5 * len(ratios)), gridspec_kw={"height_ratios": ratios})
+    acc_ax, tput_ax = axes[0], axes[-1]
+    loss_ax = axes[1] if with_loss else None
+    scale, unit = _sample_unit(sets)
+    estimated, sources, peak, accuracies = False, set(), 0.0, []
+    for k, rs in enumerate(sets):
+        style = SET_STYLES[k % len(SET_STYLES)]
+        for i, s in enumerate(rs.summaries):
+            colour = _colour(k, i, len(sets))
+            label = _legend(s) if len(sets) == 1 else (_set_legend(rs) if i == 0 else None)
+            curve, guessed = s.accuracy_curve()
+            estimated |= guessed
+            if curve:
+                xs = [samples / scale for samples, _ in curve]
+                accuracies += [acc for _, acc in curve]
+                acc_ax.plot(xs, [acc for _, acc in curve], style, marker="o", ms=3, lw=1.3, color=colour, label=label)
+                if s.converged:
+                    acc_ax.plot(xs[-1], curve[-1][1], "*", ms=12, color=colour, markeredgecolor="black", mew=0.5)
+            if loss_ax is not None and losses[k][i]:
+                loss_ax.plot([x / scale for x, _ in losses[k][i]], [v for _, v in losses[k][i]], style, lw=1.1,
+                             color=colour, label=label)
+            points, source = s.throughput()
+            if points:
+                sources.add(source)
+                tput_ax.plot([t for t, _ in points], [v for _, v in points], style, lw=1.3, color=colour)
+                peak = max(peak, max(v for _, v in points))
+    off_scale = _decorate_accuracy(acc_ax, sets, accuracies, estimated, unit)
+    if loss_ax is not None:
+        _decorate_loss(loss_ax, unit, len(sets))
     _decorate_throughput(tput_ax, sources, peak)
-    fig.suptitle(f"{rs.label}: {len(rs.summaries)} run(s), {_score_text(rs)}", fontsize=12)
+    title = " vs ".join(f"{rs.label}: {len(rs.summaries)} run(s), {_score_text(rs)}" for rs in sets)
+    fig.suptitle(title + (f"\n{off_scale}" if off_scale else ""), fontsize=11 if len(sets) == 1 else 9)
     fig.tight_layout()
     return fig
+
+
+def _colour(set_index: int, run_index: int, n_sets: int):
+    import matplotlib.pyplot as plt
+
+    return plt.get_cmap("tab10")((run_index if n_sets == 1 else set_index) % 10)
 
 
 def _legend(s) -> str:
@@ -75,17 +107,39 @@ def _legend(s) -> str:
     return f"{name}: not converged ({s.status or 'no run_stop'})"
 
 
-def _sample_unit(rs) -> tuple[float, str]:
+def _set_legend(rs) -> str:
+    """One line per set in an overlay: how many converged, the median time, the final accuracies."""
+    converged = [s for s in rs.summaries if s.converged and s.minutes is not None]
+    finals = [s.last_accuracy for s in rs.summaries if s.last_accuracy is not None]
+    parts = [f"{rs.label}: {len(converged)}/{len(rs.summaries)} converged"]
+    if converged:
+        parts.append(f"median {statistics.median(s.minutes for s in converged):.2f} min")
+    if finals:
+        parts.append(f"final accuracy {min(finals):.3f}-{max(finals):.3f}")
+    return ", ".join(parts)
+
+
+def _sample_unit(sets: list) -> tuple[float, str]:
     """Millions for BERT-large (about 2.5 M samples to converge), thousands for small test models."""
-    furthest = max((s.accuracy_curve()[0][-1][0] for s in rs.summaries if s.evals), default=0)
+    furthest = max((s.accuracy_curve()[0][-1][0] for rs in sets for s in rs.summaries if s.evals), default=0)
     return (1e6, "millions") if furthest >= 100_000 else (1e3, "thousands")
 
 
-def _decorate_accuracy(ax, rs, estimated: bool, unit: str) -> None:
-    ax.axhline(MLPERF_TARGET, color="black", ls="--", lw=1, label=f"MLPerf target {MLPERF_TARGET:.3f}")
-    own = ((rs.run_config or {}).get("train") or {}).get("target_accuracy")
-    if own is not None and abs(own - MLPERF_TARGET) > 1e-9:
-        ax.axhline(own, color="grey", ls=":", lw=1, label=f"run target {own:.3f}")
+def _decorate_accuracy(ax, sets: list, accuracies: list[float], estimated: bool, unit: str) -> str:
+    """Axes, targets and legend; returns the note for the title when MLPerf's target is off the scale."""
+    targets = sorted({t for rs in sets if (t := _run_target(rs)) is not None and abs(t - MLPERF_TARGET) > 1e-9})
+    for t in targets:
+        ax.axhline(t, color="grey", ls=":", lw=1, label=f"run target {t:.3f}")
+    low, high = (min(accuracies), max(accuracies)) if accuracies else (0.0, MLPERF_TARGET)
+    high = max([high, *targets])
+    off_scale = ""
+    if MLPERF_TARGET <= high + 0.25 * (high - low) + 0.02:  # in reach of the curves: draw it
+        ax.axhline(MLPERF_TARGET, color="black", ls="--", lw=1, label=f"MLPerf target {MLPERF_TARGET:.3f}")
+        high = max(high, MLPERF_TARGET)
+    else:
+        off_scale = f"MLPerf's target ({MLPERF_TARGET:.3f} masked-LM accuracy) is above this scale: not drawn"
+    margin = max(0.05 * (high - low), 0.005)
+    ax.set_ylim(max(0.0, low - margin), high + margin)
     xlabel = f"samples trained ({unit})"
     if estimated:
         xlabel += "; estimated: epoch_num is not a sample count, evals spread evenly up to train_samples"
@@ -93,7 +147,21 @@ def _decorate_accuracy(ax, rs, estimated: bool, unit: str) -> None:
     ax.set_ylabel("eval accuracy (masked LM)")
     ax.set_title("Convergence (star: run_stop success; legend: time to train, run_stop - run_start)", fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, ncol=2, loc="lower right")
+    ax.legend(fontsize=8, ncol=1 if len(sets) > 1 else 2, loc="lower right")
+    return off_scale
+
+
+def _run_target(rs) -> float | None:
+    return ((rs.run_config or {}).get("train") or {}).get("target_accuracy")
+
+
+def _decorate_loss(ax, unit: str, n_sets: int) -> None:
+    ax.set_xlabel(f"samples trained ({unit})")
+    ax.set_ylabel("training loss (MLM + NSP)")
+    ax.set_title("Training loss (metrics/run_N.jsonl: the last step of each report)", fontsize=10)
+    ax.grid(alpha=0.3)
+    if n_sets > 1:
+        ax.legend(fontsize=8, loc="upper right")
 
 
 def _score_text(rs) -> str:

@@ -7,6 +7,7 @@ merely non-compliant are not bad input; the compliance checker judges them.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +59,31 @@ class ResultSet:
         converged = [s for s in self.summaries if s.converged and s.evals]
         return bool(converged) and not any(s.epoch_num_counts_samples for s in converged)
 
+    def metrics_file(self, index: int) -> Path | None:
+        """metrics/run_N.jsonl of the index-th log: the trainer writes it next to results/ (None if absent)."""
+        run = _run_order(self.files[index])[0]
+        root = self.experiment.path if self.experiment is not None else self.directory.parent
+        path = root / "metrics" / f"run_{run}.jsonl"
+        return path if path.is_file() else None
+
+    def loss_curve(self, index: int) -> list[tuple[int, float]]:
+        """(samples trained, training loss) from the run's metrics file, one point per report.
+
+        A resumed run re-trains the updates after its last checkpoint and reports them again: the
+        later report of an update wins. Damaged lines (a run killed mid-write) are skipped.
+        """
+        path = self.metrics_file(index)
+        if path is None:
+            return []
+        by_update: dict[int, tuple[int, float]] = {}
+        for line in path.read_text(errors="replace").splitlines():
+            try:
+                record = json.loads(line)
+                by_update[int(record["update"])] = (int(record["samples"]), float(record["loss"]))
+            except (ValueError, KeyError, TypeError):
+                continue
+        return [by_update[u] for u in sorted(by_update)]
+
     def require_runs(self, count: int) -> None:
         if len(self.files) != count:
             where = f"experiment {self.label}" if self.experiment else str(self.directory)
@@ -77,6 +103,15 @@ def load(experiment: str | None, results_dir: str | None) -> ResultSet:
 
         return from_experiment(experiments.find(experiment))
     return from_directory(Path(results_dir))
+
+
+def load_many(experiments: list[str], results_dirs: list[str]) -> list[ResultSet]:
+    """Every set named on the command line, experiments first (`bertctl plot EXP1 EXP2` overlays them)."""
+    if not experiments and not results_dirs:
+        raise UserError("name at least one experiment (EXP) or folder of logs (--results DIR)", where="arguments")
+    from orchestrator import experiments as registry
+
+    return [from_experiment(registry.find(e)) for e in experiments] + [from_directory(Path(d)) for d in results_dirs]
 
 
 def from_experiment(exp) -> ResultSet:

@@ -56,7 +56,7 @@ def test_make_targets_are_the_readme_commands():
     makefile = (REPO / "Makefile").read_text()
     demo = re.search(r"^demo: env\n\t(.+)$", makefile, re.M).group(1)
     assert demo == "$(BIN)/" + " ".join(["bertctl", *MAIN_JOB])
-    assert re.search(r"^test: env\n\t\$\(BIN\)/python -m pytest$", makefile, re.M)
+    assert re.search(r"^test: env\n\t\$\(BIN\)/ruff check \.\n\t\$\(BIN\)/python -m pytest$", makefile, re.M)
     assert "make test" in (REPO / ".ci" / "run").read_text()
 
 
