@@ -88,7 +88,7 @@ def render_stage(loaded: LoadedManifest, cluster, stage: str, tasks: int, stages
 def data_sbatch_options(c, dataset: str, stage: str, array_size: int, after: str | None) -> list[str]:
     """One CPU task per array element, the cluster's partition, account, time limit and extra flags
     (no GPUs, not exclusive)."""
-    from orchestrator.render import sbatch_lines
+    from orchestrator.render import sbatch_lines, where_and_how_long
 
     s = c.slurm
     return sbatch_lines([
@@ -96,9 +96,7 @@ def data_sbatch_options(c, dataset: str, stage: str, array_size: int, after: str
         ("array", f"0-{array_size - 1}"),
         ("ntasks", 1),
         ("cpus-per-task", c.resources.cpus_per_task or 1),
-        ("partition", s.partition),
-        ("account", s.account),
-        ("time", s.time_limit),
+        *where_and_how_long(s),
         ("mem", s.mem if s.mem not in (None, "0") else None),
         ("output", f"logs/{stage}_%A_%a.out"),
         ("open-mode", "append"),
