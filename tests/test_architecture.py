@@ -1,0 +1,165 @@
+"""ARCHITECTURE.md stays true: every file and function it names exists, and the boundaries it draws
+hold (the trainer never imports the orchestrator, the orchestrator never imports torch, and no two
+modules import each other)."""
+
+import ast
+import re
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+DOC = (REPO / "ARCHITECTURE.md").read_text()
+ROOTS = ("orchestrator", "trainer", "templates", "tests", "clusters", "datasets", "benchmarks", ".ci")
+PATH_REF = re.compile(r"(?<![\w/.])((?:%s)/[\w./*-]*[\w*/])(?:::([\w.]+))?" % "|".join(re.escape(r) for r in ROOTS))
+# backticked names that look like code: CamelCase, UPPER_CASE, snake_case, Class.member
+CODE_NAME = re.compile(r"^(?:[A-Z][a-z]\w*(?:\.\w+)?|[A-Z][A-Z0-9_]+|[a-z]+_[a-z_]+)$")
+NOT_CODE = {"file::Symbol", "Class.method", "mlperf_logging", "cu_seqlens"}
+
+
+def python_files(*roots: str) -> list[Path]:
+    return [p for root in roots for p in sorted((REPO / root).rglob("*.py"))]
+
+
+@lru_cache(maxsize=None)
+def tree(path: Path) -> ast.Module:
+    return ast.parse(path.read_text())
+
+
+def members(node) -> set[str]:
+    """The names a module or class body defines: functions, classes, assignments, annotated fields."""
+    names = set()
+    for child in node.body:
+        if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(child.name)
+        elif isinstance(child, ast.Assign):
+            names |= {t.id for t in child.targets if isinstance(t, ast.Name)}
+        elif isinstance(child, ast.AnnAssign) and isinstance(child.target, ast.Name):
+            names.add(child.target.id)
+    return names
+
+
+def defines(path: Path, dotted: str) -> bool:
+    """Whether `dotted` (a name, or Class.member) is defined at the top of this file."""
+    node = tree(path)
+    *outer, last = dotted.split(".")
+    for name in outer:
+        node = next((c for c in node.body if isinstance(c, ast.ClassDef) and c.name == name), None)
+        if node is None:
+            return False
+    return last in members(node)
+
+
+def references() -> list[tuple[str, str | None]]:
+    return sorted(set(PATH_REF.findall(DOC)))
+
+
+def test_the_map_names_files_and_functions():
+    refs = references()
+    assert len(refs) > 60 and sum(bool(symbol) for _, symbol in refs) > 25  # the page is a map, not prose
+
+
+@pytest.mark.parametrize("path,symbol", references(), ids=lambda v: v or "")
+def test_every_named_file_and_function_exists(path, symbol):
+    pattern = re.sub(r"/(NAME|X)\.", "/*.", path.rstrip("/"))  # placeholders: clusters/NAME.yaml
+    matches = list(REPO.glob(pattern)) if "*" in pattern else [REPO / pattern]
+    assert matches and all(m.exists() for m in matches), f"ARCHITECTURE.md names {path}, which does not exist"
+    if symbol:
+        assert defines(REPO / path, symbol), f"ARCHITECTURE.md names {path}::{symbol}, which is not defined there"
+
+
+def code_names() -> list[str]:
+    return sorted({n for n in re.findall(r"`([^`\s]+)`", DOC) if CODE_NAME.match(n) and n not in NOT_CODE})
+
+
+@pytest.mark.parametrize("name", code_names())
+def test_every_named_class_constant_and_function_is_defined_somewhere(name):
+    assert any(defines(p, name) for p in python_files("orchestrator", "trainer", "tests")), \
+        f"ARCHITECTURE.md names `{name}`, which no module defines"
+
+
+def imported_modules(path: Path, module_level_only: bool) -> set[str]:
+    nodes = tree(path).body if module_level_only else ast.walk(tree(path))
+    found = set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+    return found
+
+
+def test_the_trainer_never_imports_the_orchestrator():
+    offenders = [str(p.relative_to(REPO)) for p in python_files("trainer")
+                 if any(m.split(".")[0] == "orchestrator" for m in imported_modules(p, module_level_only=False))]
+    assert not offenders
+
+
+def test_the_orchestrator_and_the_config_schemas_never_import_torch():
+    offenders = [str(p.relative_to(REPO)) for p in python_files("orchestrator", "trainer/config")
+                 if any(m.split(".")[0] == "torch" for m in imported_modules(p, module_level_only=False))]
+    assert not offenders
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def test_no_two_modules_import_each_other_at_module_level():
+    """A cycle makes the import order matter and the map a knot; function-level imports don't count."""
+    modules = {module_name(p): p for p in python_files("orchestrator", "trainer")}
+    graph = {name: module_level_dependencies(path, set(modules)) - {name} for name, path in modules.items()}
+    cycles = find_cycles(graph)
+    assert not cycles, f"import cycles: {cycles}"
+
+
+def module_level_dependencies(path: Path, modules: set[str]) -> set[str]:
+    """The project modules this file imports as it loads. `from pkg import sub` depends on the
+    submodule `pkg.sub` alone when every imported name is a submodule, else on `pkg` too."""
+    deps = set()
+    for node in tree(path).body:
+        if isinstance(node, ast.Import):
+            deps |= {a.name for a in node.names if a.name in modules}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            subs = {f"{node.module}.{a.name}" for a in node.names} & modules
+            deps |= subs
+            if len(subs) < len(node.names) and node.module in modules:
+                deps.add(node.module)
+    return deps
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in graph:
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert find_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
