@@ -1,0 +1,387 @@
+"""The GPU suite: everything bertctl does on a GPU, checked and measured in one command.
+
+    python benchmarks/gpu_suite.py                 # on a GPU node, about 5 minutes on one H100
+    python benchmarks/gpu_suite.py --device cpu --quick   # the same code on a CPU, tiny shapes (a smoke run)
+
+Checks (each passes, fails with its one-line reason, or is skipped saying why):
+- parity: our model on the device in fp32 against our model on the CPU and against Hugging Face's
+  `BertForPreTraining` on the device, same weights, padded and unpadded;
+- attention: every variable-length backend that can run here (flash_attn, nested, per_sequence) in
+  bf16 and fp16 against the per-sequence reference in fp32, forward and gradients;
+- precision: one bf16 and one fp16 training step at BERT-large phase-2 shapes, and an fp16 step
+  whose gradients overflow: skipped, counted, the loss scale halved, the weights untouched;
+- trainer: the real trainer (`python -m trainer` under torchrun, 1 rank, NCCL) for 20 updates with
+  each `optim.clip` mode and the NCCL warm-up; bucket-wise clipping runs in a one-rank DDP group;
+- apex: FusedLayerNorm and FusedLAMB against the PyTorch path, when apex is importable;
+- throughput: BERT-large phase 2 (lengths from the Wikipedia histogram, at most 76 masked per
+  sequence), bf16, in this one process: Hugging Face padded to 512 (SDPA) against ours unpadded,
+  eager and with `runtime.compile`; sequences/s, MFU (real-token training FLOPs over the GPU's dense
+  bf16 peak, named in the output) and peak memory.
+
+The last line printed is one JSON object with the machine, the versions and every figure; `--out
+DIR` also writes it as DIR/gpu_suite_<date>_<gpu>.json (commit it under benchmarks/results/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "tests")]
+
+from trainer.attention import AttentionUnavailable, flash_attn_installed, varlen_attention  # noqa: E402
+from trainer.config import ModelConfig, OptimConfig  # noqa: E402
+from trainer.data.batch import collate  # noqa: E402
+from trainer.data.histogram import sample_lengths  # noqa: E402
+from trainer.data.layout import Sample  # noqa: E402
+from trainer.model import BertForPreTraining, flops_per_sequence, pretraining_loss_sums  # noqa: E402
+from trainer.optim import build_optimizer, take_step  # noqa: E402
+from trainer.progress import peak_tflops  # noqa: E402
+from trainer.weights import load_pretrained  # noqa: E402
+
+RESULTS: list[dict] = []
+
+
+def check(name: str):
+    """Run the decorated check; record pass / fail (with its one-line reason) / skip, and its figures."""
+    def wrap(fn):
+        def run(*args, **kwargs):
+            started = time.perf_counter()
+            record = {"check": name}
+            try:
+                outcome = fn(*args, **kwargs) or {}
+                record.update({"status": "pass"}, **outcome)
+            except Skip as s:
+                record.update(status="skip", reason=str(s))
+            except Exception as e:  # noqa: BLE001 - a failed check is a result, the suite goes on
+                record.update(status="fail", reason=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300])
+                traceback.print_exc(limit=3)
+            record["seconds"] = round(time.perf_counter() - started, 1)
+            RESULTS.append(record)
+            print(f"[{record['status']:>4}] {name} ({record['seconds']} s): "
+                  f"{ {k: v for k, v in record.items() if k not in ('check', 'status', 'seconds')} }", flush=True)
+            return record
+        return run
+    return wrap
+
+
+class Skip(Exception):
+    pass
+
+
+# ---- inputs ----------------------------------------------------------------------------------
+
+def make_samples(n: int, rng: np.random.Generator, vocab: int, max_len: int = 512, max_pred: int = 76) -> list[Sample]:
+    """Sequences with Wikipedia's length distribution, min(76, length - 2) masked each (the busiest case)."""
+    samples = []
+    for length in sample_lengths(n, rng):
+        length = int(min(max(length, 8), max_len))
+        ids = rng.integers(1000 % vocab, vocab, length)
+        k = min(max_pred, length - 2)
+        positions = np.sort(rng.choice(np.arange(1, length - 1), size=k, replace=False))
+        samples.append(Sample(ids, (np.arange(length) >= length // 2).astype(np.int64), positions,
+                              rng.integers(0, vocab, k), int(rng.integers(0, 2))))
+    return samples
+
+
+def hf_model(cfg: ModelConfig, attn: str):
+    from transformers import BertConfig, BertForPreTraining as HFBert
+
+    return HFBert(BertConfig(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
+                             num_attention_heads=cfg.num_heads, intermediate_size=cfg.intermediate_size,
+                             max_position_embeddings=cfg.max_position_embeddings, attn_implementation=attn))
+
+
+def hf_inputs(samples: list[Sample], device, pad_to: int) -> dict:
+    batch = collate(samples, unpadded=False, pad_to=pad_to)
+    labels = torch.full(batch.input_ids.shape, -100, dtype=torch.long)
+    labels.view(-1)[batch.mlm_positions] = batch.mlm_labels
+    return {k: v.to(device) for k, v in dict(
+        input_ids=batch.input_ids, token_type_ids=batch.segment_ids, attention_mask=batch.attention_mask.long(),
+        labels=labels, next_sentence_label=batch.nsp_labels).items()}
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# ---- checks ----------------------------------------------------------------------------------
+
+@check("parity: fp32 forward, device vs CPU vs Hugging Face, padded and unpadded")
+def parity(device: torch.device, cfg: ModelConfig, n: int) -> dict:
+    torch.manual_seed(0)
+    samples = make_samples(n, np.random.default_rng(1), cfg.vocab_size, cfg.max_position_embeddings)
+    hf = hf_model(cfg, "eager").eval()
+    ours = BertForPreTraining(cfg).eval()
+    load_pretrained(ours, hf.state_dict(), "hf")
+    padded, unpadded = collate(samples, unpadded=False), collate(samples, unpadded=True)
+    with torch.no_grad():
+        cpu_mlm, cpu_nsp = ours(padded)
+        ours.to(device)
+        dev = {name: [t.float().cpu() for t in ours(b.to(device))] for name, b in (("padded", padded), ("unpadded", unpadded))}
+        out = hf.to(device)(**{k: v for k, v in hf_inputs(samples, device, padded.input_ids.shape[1]).items()
+                               if k not in ("labels", "next_sentence_label")})
+        hf_mlm = out.prediction_logits.reshape(-1, out.prediction_logits.shape[-1])[padded.mlm_positions.to(device)].float().cpu()
+        hf_nsp = out.seq_relationship_logits.float().cpu()
+    errors = {}
+    for name, (mlm, nsp) in dev.items():
+        errors[f"{name}_vs_cpu"] = max((mlm - cpu_mlm).abs().max().item(), (nsp - cpu_nsp).abs().max().item())
+        errors[f"{name}_vs_hf"] = max((mlm - hf_mlm).abs().max().item(), (nsp - hf_nsp).abs().max().item())
+    worst = max(errors.values())
+    assert worst < 5e-3, f"largest logit difference {worst:.2e} (>= 5e-3): {errors}"
+    return {"max_abs_logit_diff": {k: float(f"{v:.3g}") for k, v in errors.items()}}
+
+
+@check("attention: every runnable backend in bf16/fp16 against the fp32 per-sequence reference")
+def attention_backends(device: torch.device, heads: int, head_dim: int, n: int) -> dict:
+    rng = np.random.default_rng(2)
+    lengths = [int(x) for x in np.clip(sample_lengths(n, rng), 2, 512)]
+    cu = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32, device=device)
+    total, longest, shortest = int(cu[-1]), max(lengths), min(lengths)
+    g = torch.Generator(device="cpu").manual_seed(3)
+    q, k, v, grad = (torch.randn(total, heads, head_dim, generator=g).to(device) for _ in range(4))
+    ref_inputs = [x.clone().requires_grad_() for x in (q, k, v)]
+    reference = varlen_attention(*ref_inputs, cu, longest, 0.0, "per_sequence", shortest)
+    ref_grads = torch.autograd.grad(reference, ref_inputs, grad)
+    errors, skipped = {}, {}
+    for backend in ("flash_attn", "nested", "per_sequence"):
+        for dtype in (torch.bfloat16, torch.float16):
+            name = f"{backend}_{str(dtype).removeprefix('torch.')}"
+            inputs = [x.to(dtype).requires_grad_() for x in (q, k, v)]
+            try:
+                out = varlen_attention(*inputs, cu, longest, 0.0, backend, shortest)
+            except AttentionUnavailable as e:
+                skipped[name] = str(e).split(";")[0]
+                continue
+            grads = torch.autograd.grad(out, inputs, grad.to(dtype))
+            errors[name] = max([(out.float() - reference).abs().max().item()] +
+                               [(a.float() - b).abs().max().item() for a, b in zip(grads, ref_grads)])
+    assert errors, f"no backend ran: {skipped}"
+    worst = max(errors.values())
+    assert worst < 5e-2, f"largest difference {worst:.2e} (>= 5e-2): {errors}"
+    return {"max_abs_diff": {k: float(f"{v:.3g}") for k, v in errors.items()}, "not_runnable": skipped}
+
+
+@check("precision: bf16 and fp16 steps at phase-2 shapes, an overflowing fp16 step skipped and counted")
+def precision_steps(device: torch.device, cfg: ModelConfig, n: int) -> dict:
+    torch.manual_seed(0)
+    samples = make_samples(n, np.random.default_rng(4), cfg.vocab_size)
+    batch = collate(samples, unpadded=True).to(device)
+    model = BertForPreTraining(cfg).to(device).train()
+    optim_cfg = OptimConfig(name="lamb", lr=1e-4, max_steps=10)
+    optimizer = build_optimizer(model, optim_cfg, use_apex=False, device_type=device.type)
+    losses = {}
+    for precision, dtype in (("bf16", torch.bfloat16), ("fp16", torch.float16)):
+        scaler = torch.amp.GradScaler(device.type, init_scale=2.0**16) if precision == "fp16" else None
+        with torch.autocast(device.type, dtype=dtype):
+            mlm, nsp = model(batch)
+        mlm_sum, nsp_sum = pretraining_loss_sums(mlm, nsp, batch)
+        loss = mlm_sum / batch.num_masked + nsp_sum / batch.num_sequences
+        (scaler.scale(loss) if scaler else loss).backward()
+        skipped = take_step(optimizer, scaler)
+        optimizer.zero_grad(set_to_none=True)
+        assert math.isfinite(loss.item()) and not skipped, f"{precision}: loss {loss.item()}, skipped {skipped}"
+        losses[precision] = round(loss.item(), 4)
+    # an overflowing fp16 step: the scaler must skip it, halve the scale, and leave the weights alone
+    scaler = torch.amp.GradScaler(device.type, init_scale=2.0**16)
+    with torch.autocast(device.type, dtype=torch.float16):
+        mlm, nsp = model(batch)
+    mlm_sum, nsp_sum = pretraining_loss_sums(mlm, nsp, batch)
+    scaler.scale(mlm_sum / batch.num_masked + nsp_sum / batch.num_sequences).backward()
+    next(model.parameters()).grad.view(-1)[0] = float("inf")
+    before = [p.detach().clone() for p in model.parameters()]
+    skipped = take_step(optimizer, scaler)
+    unchanged = all(torch.equal(a, p.detach()) for a, p in zip(before, model.parameters()))
+    assert skipped and scaler.get_scale() == 2.0**15 and unchanged, \
+        f"overflow: skipped {skipped}, scale {scaler.get_scale()}, weights unchanged {unchanged}"
+    return {"loss": losses, "overflow_skipped": True, "scale_after_overflow": scaler.get_scale()}
+
+
+@check("trainer: 1-rank NCCL runs of python -m trainer, one per optim.clip mode, with the warm-up")
+def trainer_runs(device: torch.device, precision: str) -> dict:
+    from synthetic import tiny_run_config
+
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="bertctl-gpu-suite-") as tmp:
+        for clip in ("local", "bucket", "after_allreduce", "none"):
+            folder = Path(tmp) / clip
+            folder.mkdir()
+            config = tiny_run_config(folder, world_size=1, batch_size=8, optim={"max_steps": 20, "clip": clip},
+                                     train={"max_samples_termination": 160, "eval_every_samples": 80},
+                                     runtime={"device": device.type, "backend": backend, "precision": precision,
+                                              "unpad": True, "nccl_warmup_steps": 2},
+                                     mlperf={"division": "open"})
+            out = folder / "out"
+            proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1",
+                                   "-m", "trainer", "--config", str(config), "--out", str(out)],
+                                  capture_output=True, text=True, cwd=REPO, timeout=300,
+                                  env={**os.environ, "PYTHONPATH": str(REPO)})
+            assert proc.returncode == 0, f"clip {clip}: exit {proc.returncode}: {proc.stderr.strip().splitlines()[-1:]}"
+            losses = [json.loads(line)["loss"] for line in (out / "metrics" / "run_0.jsonl").read_text().splitlines()]
+            assert len(losses) == 20 and all(map(math.isfinite, losses)), f"clip {clip}: losses {losses}"
+            results[clip] = {"first_loss": round(losses[0], 4), "last_loss": round(losses[-1], 4),
+                             "warm_up_logged": "warm-up" in proc.stdout}
+    return {"backend": backend, "precision": precision, "runs": results}
+
+
+@check("apex: FusedLayerNorm and FusedLAMB against the PyTorch path")
+def apex_paths(device: torch.device, cfg: ModelConfig, n: int) -> dict:
+    try:
+        import apex  # noqa: F401
+    except ImportError:
+        raise Skip("apex is not importable here") from None
+    torch.manual_seed(0)
+    samples = make_samples(n, np.random.default_rng(5), cfg.vocab_size)
+    batch = collate(samples, unpadded=True).to(device)
+    plain = BertForPreTraining(cfg).to(device).train()
+    fused = BertForPreTraining(cfg, fused_kernels=True).to(device).train()
+    fused.load_state_dict(plain.state_dict())
+    optim_cfg = OptimConfig(name="lamb", lr=1e-3, max_steps=10)
+    steps = {}
+    for name, model, use_apex in (("torch", plain, False), ("apex", fused, True)):
+        optimizer = build_optimizer(model, optim_cfg, use_apex=use_apex, device_type=device.type)
+        torch.manual_seed(1)  # the same dropout masks
+        mlm, nsp = model(batch)
+        mlm_sum, nsp_sum = pretraining_loss_sums(mlm, nsp, batch)
+        loss = mlm_sum / batch.num_masked + nsp_sum / batch.num_sequences
+        loss.backward()
+        optimizer.step()
+        steps[name] = (loss.item(), type(optimizer).__name__, [p.detach().float() for p in model.parameters()])
+    loss_diff = abs(steps["torch"][0] - steps["apex"][0])
+    weight_diff = max((a - b).abs().max().item() for a, b in zip(steps["torch"][2], steps["apex"][2]))
+    assert loss_diff < 1e-3 and weight_diff < 1e-3, f"loss differs by {loss_diff:.2e}, weights by {weight_diff:.2e}"
+    return {"optimizers": [steps["torch"][1], steps["apex"][1]], "loss_diff": float(f"{loss_diff:.3g}"),
+            "max_weight_diff": float(f"{weight_diff:.3g}")}
+
+
+@check("throughput: BERT-large phase 2, bf16, Hugging Face padded vs ours unpadded (eager, compiled)")
+def throughput(device: torch.device, cfg: ModelConfig, n: int, steps: int) -> dict:
+    rng = np.random.default_rng(6)
+    batches = [make_samples(n, rng, cfg.vocab_size) for _ in range(steps + 3)]  # 3 warm-up steps
+    mean_len = float(np.mean([len(s.input_ids) for b in batches for s in b]))
+    masked = float(np.mean([len(s.masked_lm_positions) for b in batches for s in b]))
+    flops = flops_per_sequence(cfg, mean_len, masked)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
+    peak = peak_tflops(name) if device.type == "cuda" else None
+    figures = {"batch": n, "mean_length": round(mean_len, 1), "masked_per_sequence": round(masked, 1),
+               "peak_tflops_bf16_dense": peak, "gpu": name}
+
+    def measure(label: str, model, step) -> None:
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        for i, samples in enumerate(batches):
+            if i == 3:
+                synchronize(device)
+                started = time.perf_counter()
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                loss = step(model, samples)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        synchronize(device)
+        seq_per_s = n * steps / (time.perf_counter() - started)
+        figures[label] = {"seq_per_s": round(seq_per_s, 1),
+                          "mfu": round(seq_per_s * flops / (peak * 1e12), 4) if peak else None,
+                          "peak_memory_gb": round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if device.type == "cuda" else None}
+        print(f"  {label}: {figures[label]}", flush=True)
+
+    def hf_step(model, samples):
+        return model(**hf_inputs(samples, device, cfg.max_position_embeddings)).loss
+
+    def ours_step(model, samples):
+        batch = collate(samples, unpadded=True).to(device)
+        mlm, nsp = model(batch)
+        mlm_sum, nsp_sum = pretraining_loss_sums(mlm, nsp, batch)
+        return mlm_sum / batch.num_masked + nsp_sum / batch.num_sequences
+
+    torch.manual_seed(0)
+    measure("hugging_face_padded_sdpa", hf_model(cfg, "sdpa").to(device).train(), hf_step)
+    torch.cuda.empty_cache() if device.type == "cuda" else None
+    measure("ours_unpadded", BertForPreTraining(cfg).to(device).train(), ours_step)
+    measure("ours_unpadded_compiled", BertForPreTraining(cfg, compile=True).to(device).train(), ours_step)
+    hf = figures["hugging_face_padded_sdpa"]["seq_per_s"]
+    figures["speedup_vs_hf"] = {k: round(figures[k]["seq_per_s"] / hf, 2) for k in ("ours_unpadded", "ours_unpadded_compiled")}
+    return figures
+
+
+# ---- the suite -------------------------------------------------------------------------------
+
+def environment(device: torch.device) -> dict:
+    def importable(module: str) -> bool:
+        try:
+            __import__(module)
+            return True
+        except ImportError:
+            return False
+
+    env = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "host": platform.node(),
+           "python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+           "device": device.type, "apex": importable("apex"), "flash_attn": flash_attn_installed()}
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        env.update(gpu=props.name, capability=f"{props.major}.{props.minor}", gpu_memory_gb=round(props.total_memory / 2**30, 1),
+                   cudnn=torch.backends.cudnn.version(), nccl=".".join(map(str, torch.cuda.nccl.version())))
+    return env
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    parser.add_argument("--quick", action="store_true", help="tiny shapes (a smoke run of the suite's code, not a measurement)")
+    parser.add_argument("--out", metavar="DIR", help="also write the JSON as DIR/gpu_suite_<date>_<gpu>.json")
+    args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("gpu_suite: no CUDA device here (use --device cpu --quick for a smoke run)", file=sys.stderr)
+        return 2
+    device = torch.device(args.device)
+    env = environment(device)
+    print(f"environment: {env}", flush=True)
+    large = ModelConfig(hidden_dropout=0.1, attention_dropout=0.1)
+    if args.quick:
+        small = ModelConfig(num_layers=2, hidden_size=128, num_heads=2, intermediate_size=512, vocab_size=4096)
+        parity(device, small.model_copy(update={"hidden_dropout": 0.0, "attention_dropout": 0.0}), 4)
+        attention_backends(device, 2, 64, 4)
+        precision_steps(device, small, 4)
+        trainer_runs(device, "fp32" if device.type == "cpu" else "bf16")
+        apex_paths(device, small, 4)
+        throughput(device, small, 4, 2)
+    else:
+        base = ModelConfig(num_layers=4, hidden_size=768, num_heads=12, intermediate_size=3072, vocab_size=30522)
+        parity(device, base, 16)
+        attention_backends(device, 16, 64, 64)
+        precision_steps(device, large, 32)
+        trainer_runs(device, "bf16")
+        apex_paths(device, large, 16)
+        throughput(device, large, 32, 20)
+    report = {"suite": "bertctl gpu_suite", "quick": args.quick, "environment": env, "checks": RESULTS,
+              "passed": all(r["status"] != "fail" for r in RESULTS)}
+    if args.out:
+        stamp = datetime.date.today().isoformat()
+        gpu = env.get("gpu", args.device).replace(" ", "_")
+        path = Path(args.out) / f"gpu_suite_{stamp}_{gpu}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"written: {path}", flush=True)
+    print(json.dumps(report))
+    return 0 if report["passed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
