@@ -76,7 +76,7 @@ class SlurmConfig(Section):
     exclusive: bool = True
     mem: Optional[OneLine] = "0"
     extra_sbatch: list[OneLine] = []
-    # seconds before the time limit at which ranks get SIGUSR2 to checkpoint (submitit's mechanism)
+    # seconds before the time limit at which ranks get SIGUSR2 to checkpoint (sbatch --signal=USR2@N)
     signal_seconds: int = Field(90, ge=0)
     max_requeues: int = Field(3, ge=0)
     # loop: all NEXP runs one after another in one allocation (MLPerf style); array: one array task per run

@@ -91,7 +91,7 @@ def build_wheel(folder: Path) -> Path:
 
 def job_environment(container: str) -> dict[str, str]:
     """The job's environment. Without a container the job runs the Python that submitted it (sbatch
-    and the local executor pass this environment on), as submitit does by default."""
+    and the local executor pass this environment on)."""
     env = dict(os.environ)
     if container == "none":
         env["BERTCTL_PYTHON"] = sys.executable

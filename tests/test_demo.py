@@ -1,7 +1,7 @@
 """The embedded default end to end, as the README tells a newcomer to run it:
 
 - on this machine: `bertctl submit --cluster local --nexp 2 --follow` builds the sample dataset and
-  the phase-1 checkpoint (once), runs two phase-2 runs through submitit's local executor, checks
+  the phase-1 checkpoint (once), runs two phase-2 runs through the local executor, checks
   them with the official MLPerf checker and draws the convergence plot;
 - on the CI's real Slurm: the same experiment as a 2-node job with 2 gloo ranks per node, exchange
   padding and bucket-wise clipping, followed through sacct, its log streamed, its runs checked.

@@ -28,6 +28,7 @@ CASES = {
     "nvidia_dgxa100_8x8": ("nvidia_dgxa100_8x8", 10, "train", []),
     "nvidia_dgxa100_128x8": ("nvidia_dgxa100_128x8", 10, "train", []),
     "nvidia_dgxh100_1x8": ("nvidia_dgxh100_1x8", 10, "train", []),
+    "local_1x8gpu": ("local_1x8gpu", 2, "train", []),
     "local": ("local", 2, "train", []),
     "ci_slurm": ("ci_slurm", 2, "train", []),
     "ci_slurm_probe_array": ("ci_slurm", 3, "probe", ["slurm.nexp_mode=array"]),

@@ -5,7 +5,7 @@ written by rank 0) and `rank_<r>.pt` (each rank's data position and RNG states).
 under a temporary name and renamed when every rank has written its part, then `latest` is
 pointed at it: a directory named `step_<N>` is always complete.
 
-On SIGUSR2 (Slurm's warning before the time limit, submitit's convention) or SIGTERM the run
+On SIGUSR2 (Slurm's warning before the time limit, sbatch --signal) or SIGTERM the run
 saves a checkpoint at the next agreed step and exits with trainer.config.REQUEUE_EXIT_CODE; the job
 script then requeues itself and the run resumes here.
 """

@@ -1,0 +1,162 @@
+#!/bin/bash
+# Rendered by bertctl 0.1.0 from clusters/local_1x8gpu.yaml
+# local_1x8gpu: this machine with 8 GPUs (local executor, torchrun, NCCL), NVIDIA's H100 recipe on the prepared MLPerf set
+# 1 node(s) x 8 task(s) = 8 rank(s); 2 run(s), seeds 0, 1
+# Submit and track:  bertctl submit --cluster local_1x8gpu --nexp 2
+# By hand:  bash <this file>   (run.yaml, results/, logs/ and runs/ are written next to it)
+set -euo pipefail
+
+EXP_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+NEXP=2
+SEEDS=(0 1)
+export EXP_DIR
+export PYTHON=${BERTCTL_PYTHON:-python3}
+export BERTCTL_HOME=${BERTCTL_HOME:-$HOME/.bertctl}
+# the job's own exit status, for `bertctl status` (there is no scheduler to ask)
+trap 'echo $? > "$EXP_DIR/job.exit"' EXIT
+
+# ---- node environment (exported to every rank)
+# (none configured)
+
+mkdir -p "$EXP_DIR/results" "$EXP_DIR/logs" "$EXP_DIR/runs"
+
+# ---- the resolved run configuration every rank reads: the whole recipe
+cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_2ae793c9cc627cb8'
+world_size: 8
+model:
+  num_layers: 24
+  hidden_size: 1024
+  num_heads: 16
+  intermediate_size: 4096
+  vocab_size: 30522
+  max_position_embeddings: 512
+  type_vocab_size: 2
+  hidden_dropout: 0.1
+  attention_dropout: 0.1
+  layer_norm_eps: 1.0e-12
+  initializer_range: 0.02
+data:
+  train_dir: $BERTCTL_HOME/datasets/mlperf_wiki/train
+  eval_dir: $BERTCTL_HOME/datasets/mlperf_wiki/eval
+  max_seq_length: 512
+  max_predictions_per_seq: 76
+  num_workers: 2
+  eval_samples: 10000
+  streams: null
+optim:
+  name: lamb
+  lr: 0.00096
+  betas:
+  - 0.60466
+  - 0.85437
+  epsilon: 1.0e-06
+  weight_decay: 0.1
+  schedule: nvidia
+  warmup_steps: 0
+  warmup_proportion: 0.0
+  start_warmup_step: 0
+  max_steps: 3680
+  lr_max_steps: null
+  end_lr: 0.0
+  clip: local
+  max_grad_norm: 1.0
+train:
+  batch_size: 48
+  gradient_accumulation_steps: 1
+  global_batch_size: 768
+  eval_batch_size: 16
+  max_samples_termination: 4500000
+  target_accuracy: 0.72
+  eval_every_samples: 150000
+  eval_start_samples: 150000
+  init_checkpoint: $BERTCTL_HOME/datasets/mlperf_wiki/phase1/model.ckpt-28252.pt
+  seed: 0
+  log_every_steps: 10
+balance:
+  stratified: false
+  bin_quotas: null
+  exchange_padding: none
+  group_size: 8
+  snake: true
+  packing: true
+  pack_window: 1024
+  pack_sequences: 2
+runtime:
+  device: cuda
+  backend: nccl
+  precision: fp16
+  kernels: torch
+  unpad: true
+  attention: auto
+  compile: false
+  dense_seq_output: true
+  nccl_warmup_steps: 0
+  init_loss_scale: 1024.0
+  num_threads: null
+checkpoint:
+  dir: null
+  keep: 3
+  every_steps: 0
+  final_model: null
+mlperf:
+  org: bertctl
+  division: closed
+  status: onprem
+  platform: 1x8 GPUs (local)
+  ruleset: 5.0.0
+  legacy_keys: true
+BERTCTL_RUN_YAML_2ae793c9cc627cb8
+
+
+# ---- how this machine runs one run's ranks (used by run_one below)
+WHERE=""
+CONTAINER=()
+on_every_node() { "$@"; }  # this machine is the only node
+launch_ranks() {  # run $1 with seed $2: 8 rank(s) here
+  export BERTCTL_RUN_INDEX=$1 BERTCTL_SEED=$2
+  "$PYTHON" -m torch.distributed.run --standalone --nproc-per-node=8 -m trainer --config "$EXP_DIR/run.yaml" --out "$EXP_DIR" --run-index "$BERTCTL_RUN_INDEX" --seed "$BERTCTL_SEED"
+}
+requeue_run() { return 1; }  # no scheduler to hand it back to: `bertctl resume` continues it
+
+# One MLPerf run: clear caches, log cache_clear once per node, then all ranks. A run that finished is
+# skipped; a run that saved a checkpoint on SIGUSR2/SIGTERM (exit 75) is requeued where the
+# scheduler can, else marked interrupted for `bertctl resume`. (Called as `run_one || ...`, where bash
+# ignores set -e: every step checks its own status.)
+run_one() {
+  local i=$1 seed=${SEEDS[$1]}
+  local result="$EXP_DIR/results/result_$i.txt" log="$EXP_DIR/logs/run_$i.log"
+  if [ -e "$EXP_DIR/runs/$i.exit" ]; then echo "run $i finished earlier (exit $(cat "$EXP_DIR/runs/$i.exit")): skipped"; return 0; fi
+  rm -f "$EXP_DIR/runs/$i.interrupted"
+  echo "=== run $i of $NEXP (seed $seed)$WHERE, $(date -Is)" | tee -a "$log"
+  if [ ! -e "$EXP_DIR/runs/$i.started" ]; then
+    rm -f "$result"
+    on_every_node "${CONTAINER[@]}" "$PYTHON" -m trainer.mlperf cache-clear --file "$result" ||
+      { echo "error: could not log cache_clear to $result" | tee -a "$log"; return 1; }
+    touch "$EXP_DIR/runs/$i.started"
+  fi
+  set +e
+  launch_ranks "$i" "$seed" 2>&1 | tee -a "$log"
+  local rc=${PIPESTATUS[0]}
+  set -e
+  if [ "$rc" -eq 75 ]; then
+    requeue_run "$i" | tee -a "$log" && exit 0
+    echo "=== run $i saved a checkpoint and stopped: \`bertctl resume\` continues it, $(date -Is)" | tee -a "$log"
+    echo "$rc" > "$EXP_DIR/runs/$i.interrupted"
+    return "$rc"
+  fi
+  echo "=== run $i exited with $rc, $(date -Is)" | tee -a "$log"
+  echo "$rc" > "$EXP_DIR/runs/$i.exit"
+  return "$rc"
+}
+
+# The runs, one after another; an interrupted run stops the loop (the machine is going away, or
+# someone asked it to stop): the rest wait for `bertctl resume`.
+failed=0
+for ((i = 0; i < NEXP; i++)); do
+  rc=0
+  run_one "$i" || rc=$?
+  [ "$rc" -eq 75 ] && { echo "run $i interrupted: stopping here"; exit 75; }
+  [ "$rc" -eq 0 ] || failed=$((failed + 1))
+done
+echo "$((NEXP - failed)) of $NEXP run(s) succeeded"
+[ "$failed" -eq 0 ]
