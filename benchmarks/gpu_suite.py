@@ -99,7 +99,8 @@ def make_samples(n: int, rng: np.random.Generator, vocab: int, max_len: int = 51
 
 
 def hf_model(cfg: ModelConfig, attn: str):
-    from transformers import BertConfig, BertForPreTraining as HFBert
+    from transformers import BertConfig
+    from transformers import BertForPreTraining as HFBert
 
     return HFBert(BertConfig(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
                              num_attention_heads=cfg.num_heads, intermediate_size=cfg.intermediate_size,
