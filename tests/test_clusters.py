@@ -6,7 +6,8 @@ from conftest import run_cli
 from orchestrator.clusters import cluster_files, load_cluster
 from orchestrator.errors import UserError
 
-SHIPPED = ["ci_slurm", "local", "nvidia_dgxa100_128x8", "nvidia_dgxa100_1x8", "nvidia_dgxa100_8x8", "samsung_dgxa100"]
+SHIPPED = ["ci_slurm", "local", "local_1x8gpu", "nvidia_dgxa100_128x8", "nvidia_dgxa100_1x8", "nvidia_dgxa100_8x8",
+           "nvidia_dgxh100_1x8", "samsung_dgxa100"]
 
 
 def test_every_shipped_cluster_loads():
@@ -14,6 +15,16 @@ def test_every_shipped_cluster_loads():
     for name in SHIPPED:
         c = load_cluster(name).config
         assert c.run.world_size == c.resources.nodes * c.resources.tasks_per_node
+
+
+@pytest.mark.parametrize("name", ["nvidia_dgxh100_1x8", "local_1x8gpu"])
+def test_the_h100_recipe_is_nvidias_config_dgxh100_1x8x48x1_pack(name):
+    run = load_cluster(name).config.run
+    o, t = run.optim, run.train
+    assert (o.name, o.lr, o.betas, o.weight_decay, o.max_steps, o.warmup_steps) == ("lamb", 9.6e-4, (0.60466, 0.85437), 0.1, 3680, 0)
+    assert (t.batch_size, t.global_batch_size, run.balance.packing, run.balance.pack_sequences) == (48, 768, True, 2)
+    assert (t.eval_every_samples, t.eval_start_samples, t.max_samples_termination) == (150_000, 150_000, 4_500_000)
+    assert (run.runtime.precision, run.runtime.init_loss_scale, run.world_size) == ("fp16", 1024, 8)
 
 
 def test_samsung_recipe_is_the_submitted_one():

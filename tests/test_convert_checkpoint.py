@@ -199,7 +199,8 @@ def write_index(path, entries: dict[bytes, bytes]) -> None:
     every entry, an empty metaindex block, an index block pointing at the data block, the footer."""
     import struct
 
-    from trainer.data.prepare.protowire import encode_varint as v
+    from tfrecord_hand_parser import encode_varint as v
+
     from trainer.data.prepare.tfrecord import masked_crc
     from trainer.tf_checkpoint import TABLE_MAGIC
 
