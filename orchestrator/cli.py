@@ -298,8 +298,16 @@ def cmd_balance(argv: list[str]) -> int:
     return subprocess.call([sys.executable, "-m", "trainer.simulate_balance", *argv])
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage mistake is one line naming the verb's --help, like every other bad input."""
+
+    def error(self, message: str):
+        say_line(f"bertctl: error: {message} (see `{self.prog} --help`)")
+        raise SystemExit(2)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="bertctl",
         description="Train BERT the MLPerf way, from a laptop to a 1,024-GPU Slurm cluster.",
         epilog="Exit codes: 0 success, 1 the work failed, 2 bad input. See `bertctl VERB --help`.",

@@ -55,7 +55,7 @@ def test_cpu_clusters_describe_a_cpu_system():
     ("system.status=onprem", "system.status: Input should be 'Available on-premise', 'Available cloud', "
                              "'Research, Development, or Internal (RDI)' or 'Preview'"),
     ("system.number_of_nodes=0", "system.number_of_nodes: Input should be greater than or equal to 1"),
-    ("system.cooling=", "system.cooling: Input should be a valid string"),
+    ("system.cooling=", "system.cooling: String should have at least 1 character"),
 ])
 def test_a_wrong_system_description_is_rejected_in_one_line(override, message):
     with pytest.raises(UserError, match=re.escape(message)):
