@@ -96,10 +96,13 @@ def test_a_cancelled_job_shows_cancelled():
     assert view["state"] == "CANCELLED" and view["runs"][0]["state"] == "CANCELLED"
 
 
-def test_follow_streams_until_the_experiment_ends():
+def test_follow_streams_until_the_experiment_ends_then_judges_it():
+    """This home has no prepared dataset: the launch itself is sound, and the verdict says what is missing."""
     result = run_bertctl("submit", "--cluster", "ci_slurm", "--probe", "--nexp", "2", "--follow", timeout=120)
-    assert result.code == 0, result.err
     assert result.err.count("BERTCTL_PROBE") == 8 and "--- run 1 ---" in result.err
+    assert result.code == 1 and "verified 0 of 8 rank report(s): FAILED" in result.err, result.err
+    assert "run 1: every shard read once" in result.err and "training data folder not found" in result.err
+    assert "run 1: one rendezvous" in result.err and result.err.count("FAIL ") == 2
 
 
 def test_test_only_asks_slurm_and_oversized_jobs_are_refused(bertctl_home):

@@ -116,6 +116,8 @@ def rank_files(data: DataConfig, balance: BalanceConfig, rank: int, world_size: 
     num_streams = data.streams or world_size
     per_rank = num_streams // world_size
     folder = Path(expand_path(data.train_dir))
+    if not folder.is_dir():
+        raise DataError(f"{folder}: training data folder not found")
     if balance.stratified:
         groups = [shard_files(b) for b in bin_folders(folder)]
         if not groups:
