@@ -37,16 +37,25 @@ UNWRITABLE = {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT
 
 
 def save_file(obj, path: Path) -> None:
-    """torch.save, with a failed write reported as an OutputError naming the file. (torch's zip writer
-    raises a bare RuntimeError on a full disk, its file object an OSError.)"""
+    """torch.save, with a failed write reported as an OutputError naming the file. torch's zip writer
+    turns a write error into a RuntimeError whose message names no cause ("unexpected pos 64 vs 0"),
+    so a RuntimeError on a disk with no room left is read as what it is: a full disk."""
     try:
         torch.save(obj, path)
     except OSError as e:
         raise OutputError(path, f"cannot write: {e.strerror or e}") from None
     except RuntimeError as e:
-        if "write" not in str(e).lower():
+        if not disk_full(Path(path).parent) and "write" not in str(e).lower():
             raise
-        raise OutputError(path, f"cannot write ({str(e).splitlines()[0]}): is the disk full?") from None
+        raise OutputError(path, f"cannot write: {os.strerror(errno.ENOSPC)}") from None
+
+
+def disk_full(folder: Path, headroom: int = 1 << 20) -> bool:
+    """Less than `headroom` bytes left for this folder (1 MiB: less than any checkpoint needs)."""
+    try:
+        return shutil.disk_usage(folder).free < headroom
+    except OSError:
+        return False
 
 
 class Checkpoints:

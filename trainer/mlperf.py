@@ -25,6 +25,14 @@ _STACK_OFFSET = 3
 _ROOT = re.escape(str(Path(__file__).resolve().parent.parent))
 
 
+class _StrictFileHandler(logging.FileHandler):
+    """A line that cannot be written (a full disk) stops the run: logging's default prints a traceback
+    and carries on, which would leave a result log silently missing events."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        raise  # noqa: PLE0704 - called inside logging's `except`: re-raise the write error itself
+
+
 class EventLog:
     """Appends MLLOG lines to one file (and nowhere else)."""
 
@@ -35,7 +43,7 @@ class EventLog:
         logger.handlers.clear()
         logger.propagate = False
         logger.setLevel(logging.INFO)
-        logger.addHandler(logging.FileHandler(self.path, mode="a", encoding="utf-8"))
+        logger.addHandler(_StrictFileHandler(self.path, mode="a", encoding="utf-8"))
         if echo:
             logger.addHandler(logging.StreamHandler(sys.stdout))
         self._mllogger = mllog.MLLogger(logger=logger, default_stack_offset=_STACK_OFFSET, root_dir=_ROOT)

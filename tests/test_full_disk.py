@@ -1,0 +1,86 @@
+"""Full and read-only disks, for real: a small tmpfs mounted for the test (root only; elsewhere the
+tests are skipped and say why). Every writer of a user path ends in one line naming the path, exit 2,
+and leaves nothing half-written: the registry (BERTCTL_HOME), the trainer's --out, convert-checkpoint."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO, run_bertctl
+from synthetic import tiny_run_config
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root (CI runs as root)")
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 256 KiB tmpfs, filled to the last byte."""
+    mount = tmp_path / "full"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], capture_output=True, text=True)
+    if done.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        (mount / "existing").mkdir()
+        fd = os.open(mount / "filler", os.O_WRONLY | os.O_CREAT)
+        try:
+            while os.write(fd, b"\0" * 4096):
+                pass
+        except OSError:  # ENOSPC: full
+            pass
+        finally:
+            os.close(fd)
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.fixture
+def read_only_disk(tmp_path):
+    mount = tmp_path / "ro"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,ro", "tmpfs", str(mount)], capture_output=True, text=True)
+    if done.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def one_line(err: str) -> str:
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+@pytest.mark.parametrize("disk", ["full_disk", "read_only_disk"])
+def test_a_registry_on_a_full_or_read_only_disk_is_one_line_and_nothing_starts(disk, request):
+    mount = request.getfixturevalue(disk)
+    home = mount / "existing" / "home" if disk == "full_disk" else mount / "home"
+    before = sorted(p for p in mount.rglob("*") if not p.is_dir())
+    result = run_bertctl("submit", "--cluster", "local", env={"BERTCTL_HOME": str(home)})
+    line = one_line(result.err)
+    assert result.code == 2 and result.out == "" and line.startswith("bertctl: error: ") and str(mount) in line, line
+    assert ("No space left on device" in line) if disk == "full_disk" else ("Read-only file system" in line)
+    # nothing half-written and no job started: no file, and no experiment directory (empty parents may stay)
+    assert sorted(p for p in mount.rglob("*") if not p.is_dir()) == before
+    assert not [p for p in mount.rglob("*") if p.is_dir() and p.parent.name == "experiments"]
+
+
+def test_the_trainer_with_out_on_a_full_disk_names_the_path(full_disk, tmp_path):
+    config = tiny_run_config(tmp_path / "recipe", optim={"max_steps": 5}, train={"max_samples_termination": 40})
+    out = full_disk / "existing" / "run"
+    proc = subprocess.run([sys.executable, "-m", "trainer", "--config", str(config), "--out", str(out)],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(REPO)})
+    line = one_line(proc.stderr)
+    assert proc.returncode == 2 and line.startswith("error: ") and str(out) in line and "No space left on device" in line, line
+
+
+def test_convert_checkpoint_onto_a_full_disk_names_the_output(full_disk):
+    tf = REPO / "tests" / "data" / "tf_bert"
+    output = full_disk / "existing" / "model.pt"
+    result = run_bertctl("convert-checkpoint", "--tf-checkpoint", str(tf / "model.ckpt-5"), "--bert-config",
+                         str(tf / "bert_config.json"), "--output", str(output))
+    line = one_line(result.err)
+    assert result.code == 2 and str(output) in line and "No space left on device" in line, line
+    assert not output.exists() and [p.name for p in output.parent.iterdir()] == []  # no partial file, no temp file
