@@ -158,7 +158,7 @@ def _run_target(rs) -> float | None:
 def _decorate_loss(ax, unit: str, n_sets: int) -> None:
     ax.set_xlabel(f"samples trained ({unit})")
     ax.set_ylabel("training loss (MLM + NSP)")
-    ax.set_title("Training loss (metrics/run_N.jsonl: the last step of each report)", fontsize=10)
+    ax.set_title("Training loss (metrics/run_N.jsonl: the mean over each report's steps)", fontsize=10)
     ax.grid(alpha=0.3)
     if n_sets > 1:
         ax.legend(fontsize=8, loc="upper right")

@@ -67,7 +67,7 @@ class ResultSet:
         return path if path.is_file() else None
 
     def loss_curve(self, index: int) -> list[tuple[int, float]]:
-        """(samples trained, training loss) from the run's metrics file, one point per report.
+        """(samples trained, mean training loss since the previous report) from the run's metrics file.
 
         A resumed run re-trains the updates after its last checkpoint and reports them again: the
         later report of an update wins. Damaged lines (a run killed mid-write) are skipped.
@@ -79,7 +79,9 @@ class ResultSet:
         for line in path.read_text(errors="replace").splitlines():
             try:
                 record = json.loads(line)
-                by_update[int(record["update"])] = (int(record["samples"]), float(record["loss"]))
+                # the window's mean (mlm_loss + nsp_loss) is smoother than the report's last step (loss)
+                loss = record["mlm_loss"] + record["nsp_loss"] if "mlm_loss" in record else record["loss"]
+                by_update[int(record["update"])] = (int(record["samples"]), float(loss))
             except (ValueError, KeyError, TypeError):
                 continue
         return [by_update[u] for u in sorted(by_update)]
