@@ -43,8 +43,12 @@ def test_the_main_job_trains_bert_in_two_phases_and_checks_it(local_demo, demo_h
     baseline = float(re.search(r"scores (0\.\d+) \(the unigram baseline\)", err).group(1))
     phase1_log = err.split("--- phase1 ---")[1].split("--- run 0 ---")[0]
     phase1 = float(re.findall(r"eval at \d+ samples: mlm accuracy (0\.\d+)", phase1_log)[-1])
-    assert 0.05 < baseline < 0.08 and phase1 > 2 * baseline  # the model learned much more than frequencies
-    assert "run_stop: aborted (max_steps 700 reached before the target accuracy 0.99)" in phase1_log  # fixed length
+    assert 0.05 < baseline < 0.08 and phase1 > baseline  # a short phase 1: phase 2 shows the learning
+    assert "run_stop: aborted (max_steps 200 reached before the target accuracy 0.99)" in phase1_log  # fixed length
+    for run in ("0", "1"):  # each phase-2 run climbs from its first eval to the target
+        run_log = err.split(f"--- run {run} ---")[1].split("--- ")[0]
+        evals = [float(a) for a in re.findall(r"eval at \d+ samples: mlm accuracy (0\.\d+)", run_log)]
+        assert len(evals) >= 3 and evals[-1] >= 0.13 and evals[-1] - evals[0] >= 0.02, (run, evals)
     assert err.count("run_stop: success") == 2
     assert "division: open, because the target accuracy" in err and "below MLPerf's 0.72" in err
     assert "score: no olympic score with 2 run(s) (MLPerf needs 10); mean time to train:" in err
@@ -52,7 +56,7 @@ def test_the_main_job_trains_bert_in_two_phases_and_checks_it(local_demo, demo_h
     assert png.stat().st_size > 10_000
     view = json.loads(run_bertctl("status", exp_id, "--json", env={"BERTCTL_HOME": str(demo_home)}).out)["experiments"][0]
     assert view["state"] == "COMPLETED" and [r["outcome"] for r in view["runs"]] == ["success", "success"]
-    assert all(r["accuracy"] >= 0.14 for r in view["runs"])
+    assert all(r["accuracy"] >= max(0.13, 2 * baseline) for r in view["runs"])  # twice what frequencies score
     check = run_bertctl("compliance-check", exp_id, "--no-score", "--json", env={"BERTCTL_HOME": str(demo_home)})
     assert check.code == 0 and json.loads(check.out)["passed"] is True
     print(f"main job: {seconds:.0f} s, baseline {baseline}, phase 1 {phase1}, "
