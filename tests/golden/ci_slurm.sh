@@ -32,7 +32,7 @@ export OMP_NUM_THREADS=1
 mkdir -p "$EXP_DIR/results" "$EXP_DIR/logs" "$EXP_DIR/runs"
 
 # ---- the resolved run configuration every rank reads: the whole recipe
-cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_eaf1980663ef9d78'
+cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_392e08a5baa3c045'
 world_size: 4
 model:
   num_layers: 2
@@ -77,9 +77,9 @@ train:
   global_batch_size: 16
   eval_batch_size: 100
   max_samples_termination: 8000
-  target_accuracy: 0.14
-  eval_every_samples: 1600
-  eval_start_samples: 1600
+  target_accuracy: 0.13
+  eval_every_samples: 800
+  eval_start_samples: 800
   init_checkpoint: $BERTCTL_HOME/datasets/sample/phase1_checkpoint/model.pt
   seed: 0
   log_every_steps: 10
@@ -116,7 +116,7 @@ mlperf:
   platform: 2xCPU
   ruleset: 5.0.0
   legacy_keys: true
-BERTCTL_RUN_YAML_eaf1980663ef9d78
+BERTCTL_RUN_YAML_392e08a5baa3c045
 
 # Drop the page cache (root, or passwordless sudo for sysctl), as the MLPerf rules ask before each run.
 DROP_CACHES='sync && if [ "$(id -u)" -eq 0 ]; then /sbin/sysctl -q vm.drop_caches=3; else sudo -n /sbin/sysctl -q vm.drop_caches=3; fi'
@@ -134,7 +134,7 @@ step() {
 }
 
 # ---- phase 1, trained once per machine: it writes the checkpoint the runs start from
-cat > "$EXP_DIR/phase1.yaml" <<'BERTCTL_PHASE1_YAML_5833f9f027180121'
+cat > "$EXP_DIR/phase1.yaml" <<'BERTCTL_PHASE1_YAML_80aa3470787d904a'
 world_size: 1
 model:
   num_layers: 2
@@ -168,7 +168,7 @@ optim:
   warmup_steps: 20
   warmup_proportion: 0.0
   start_warmup_step: 0
-  max_steps: 700
+  max_steps: 200
   lr_max_steps: null
   end_lr: 0.0
   clip: local
@@ -178,9 +178,9 @@ train:
   gradient_accumulation_steps: 1
   global_batch_size: 32
   eval_batch_size: 100
-  max_samples_termination: 22400
+  max_samples_termination: 6400
   target_accuracy: 0.99
-  eval_every_samples: 22400
+  eval_every_samples: 6400
   eval_start_samples: null
   init_checkpoint: null
   seed: 0
@@ -218,7 +218,7 @@ mlperf:
   platform: 2xCPU
   ruleset: 5.0.0
   legacy_keys: true
-BERTCTL_PHASE1_YAML_5833f9f027180121
+BERTCTL_PHASE1_YAML_80aa3470787d904a
 
 # ---- the per-rank launch
 cat > "$EXP_DIR/task.sh" <<'BERTCTL_TASK_9868c8e97e870785'

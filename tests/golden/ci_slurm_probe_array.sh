@@ -33,7 +33,7 @@ export OMP_NUM_THREADS=1
 mkdir -p "$EXP_DIR/results" "$EXP_DIR/logs" "$EXP_DIR/runs"
 
 # ---- the resolved run configuration every rank reads: the whole recipe
-cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_eaf1980663ef9d78'
+cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_392e08a5baa3c045'
 world_size: 4
 model:
   num_layers: 2
@@ -78,9 +78,9 @@ train:
   global_batch_size: 16
   eval_batch_size: 100
   max_samples_termination: 8000
-  target_accuracy: 0.14
-  eval_every_samples: 1600
-  eval_start_samples: 1600
+  target_accuracy: 0.13
+  eval_every_samples: 800
+  eval_start_samples: 800
   init_checkpoint: $BERTCTL_HOME/datasets/sample/phase1_checkpoint/model.pt
   seed: 0
   log_every_steps: 10
@@ -117,7 +117,7 @@ mlperf:
   platform: 2xCPU
   ruleset: 5.0.0
   legacy_keys: true
-BERTCTL_RUN_YAML_eaf1980663ef9d78
+BERTCTL_RUN_YAML_392e08a5baa3c045
 
 # Drop the page cache (root, or passwordless sudo for sysctl), as the MLPerf rules ask before each run.
 DROP_CACHES='sync && if [ "$(id -u)" -eq 0 ]; then /sbin/sysctl -q vm.drop_caches=3; else sudo -n /sbin/sysctl -q vm.drop_caches=3; fi'

@@ -21,7 +21,7 @@ trap 'echo $? > "$EXP_DIR/job.exit"' EXIT
 mkdir -p "$EXP_DIR/results" "$EXP_DIR/logs" "$EXP_DIR/runs"
 
 # ---- the resolved run configuration every rank reads: the whole recipe
-cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_3d5a8f6791ee216a'
+cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_2faa8758c3149bf1'
 world_size: 1
 model:
   num_layers: 2
@@ -66,9 +66,9 @@ train:
   global_batch_size: 16
   eval_batch_size: 100
   max_samples_termination: 8000
-  target_accuracy: 0.14
-  eval_every_samples: 1600
-  eval_start_samples: 1600
+  target_accuracy: 0.13
+  eval_every_samples: 800
+  eval_start_samples: 800
   init_checkpoint: $BERTCTL_HOME/datasets/sample/phase1_checkpoint/model.pt
   seed: 0
   log_every_steps: 10
@@ -105,7 +105,7 @@ mlperf:
   platform: 1xCPU
   ruleset: 5.0.0
   legacy_keys: true
-BERTCTL_RUN_YAML_3d5a8f6791ee216a
+BERTCTL_RUN_YAML_2faa8758c3149bf1
 
 
 # A preparatory step: its output goes to logs/NAME.log, its exit code to runs/NAME.exit.
@@ -121,7 +121,7 @@ step() {
 }
 
 # ---- phase 1, trained once per machine: it writes the checkpoint the runs start from
-cat > "$EXP_DIR/phase1.yaml" <<'BERTCTL_PHASE1_YAML_fb227b2fc96b0723'
+cat > "$EXP_DIR/phase1.yaml" <<'BERTCTL_PHASE1_YAML_f76584df70c8abf0'
 world_size: 1
 model:
   num_layers: 2
@@ -155,7 +155,7 @@ optim:
   warmup_steps: 20
   warmup_proportion: 0.0
   start_warmup_step: 0
-  max_steps: 700
+  max_steps: 200
   lr_max_steps: null
   end_lr: 0.0
   clip: local
@@ -165,9 +165,9 @@ train:
   gradient_accumulation_steps: 1
   global_batch_size: 32
   eval_batch_size: 100
-  max_samples_termination: 22400
+  max_samples_termination: 6400
   target_accuracy: 0.99
-  eval_every_samples: 22400
+  eval_every_samples: 6400
   eval_start_samples: null
   init_checkpoint: null
   seed: 0
@@ -205,7 +205,7 @@ mlperf:
   platform: 1xCPU
   ruleset: 5.0.0
   legacy_keys: true
-BERTCTL_PHASE1_YAML_fb227b2fc96b0723
+BERTCTL_PHASE1_YAML_f76584df70c8abf0
 
 # ---- prerequisites, built once per machine (each step returns at once when its result exists)
 step prepare "$PYTHON" -m orchestrator data prepare --dataset sample
