@@ -2,6 +2,7 @@
 tests are skipped and say why). Every writer of a user path ends in one line naming the path, exit 2,
 and leaves nothing half-written: the registry (BERTCTL_HOME), the trainer's --out, convert-checkpoint."""
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -13,15 +14,23 @@ from synthetic import tiny_run_config
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root (CI runs as root)")
 
 
-@pytest.fixture
-def full_disk(tmp_path):
-    """A 256 KiB tmpfs, filled to the last byte."""
-    mount = tmp_path / "full"
+@contextlib.contextmanager
+def tmpfs(mount, options: str):
+    """A tmpfs mounted at `mount` for the block (skips the test where mounting is not allowed)."""
     mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)], capture_output=True, text=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(mount)], capture_output=True, text=True)
     if done.returncode:
         pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
     try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 256 KiB tmpfs, filled to the last byte."""
+    with tmpfs(tmp_path / "full", "size=256k") as mount:
         (mount / "existing").mkdir()
         fd = os.open(mount / "filler", os.O_WRONLY | os.O_CREAT)
         try:
@@ -32,19 +41,12 @@ def full_disk(tmp_path):
         finally:
             os.close(fd)
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 @pytest.fixture
 def read_only_disk(tmp_path):
-    mount = tmp_path / "ro"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,ro", "tmpfs", str(mount)], capture_output=True, text=True)
-    if done.returncode:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=False)
+    with tmpfs(tmp_path / "ro", "size=1m,ro") as mount:
+        yield mount
 
 
 def one_line(err: str) -> str:
