@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from contextlib import redirect_stderr, redirect_stdout
 from dataclasses import dataclass
 from pathlib import Path
@@ -80,3 +81,13 @@ def slurm() -> None:
         "these tests need the local Slurm test cluster: run `sudo bash .ci/slurm.sh start` "
         "(Debian 12; installs slurm-wlm, munge, mariadb) and try again"
     )
+
+
+def wait(predicate, timeout: float, what: str, every: float = 0.3) -> None:
+    """Poll `predicate` until it holds; fail naming `what` after `timeout` seconds."""
+    end = time.time() + timeout
+    while time.time() < end:
+        if predicate():
+            return
+        time.sleep(every)
+    raise AssertionError(f"timed out waiting for {what}")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, run_bertctl
+from conftest import REPO, run_bertctl, wait
 from synthetic import tiny_run_config
 
 pytestmark = pytest.mark.slow
@@ -47,15 +47,6 @@ def losses(folder: Path) -> list[float]:
 
 def view(exp: str) -> dict:
     return json.loads(run_bertctl("status", exp, "--json").out)["experiments"][0]
-
-
-def wait(predicate, timeout: float, what: str) -> None:
-    end = time.time() + timeout
-    while time.time() < end:
-        if predicate():
-            return
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def trainer_pid(job: str) -> int | None:

@@ -7,12 +7,11 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, run_bertctl
+from conftest import REPO, run_bertctl, wait
 from synthetic import tiny_run_config
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.usefixtures("slurm")]
@@ -55,15 +54,6 @@ def reference(recipe, tmp_path_factory) -> list[float]:
 
 def losses(exp_dir: Path, run: int) -> list[float]:
     return [json.loads(line)["loss"] for line in (exp_dir / "metrics" / f"run_{run}.jsonl").read_text().splitlines()]
-
-
-def wait(predicate, timeout: float, what: str) -> None:
-    end = time.time() + timeout
-    while time.time() < end:
-        if predicate():
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def view(exp: str) -> dict:
