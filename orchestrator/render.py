@@ -72,6 +72,7 @@ def context(req: RenderRequest) -> dict:
         "prerequisites": prerequisites(c, req.program),
         "phase1_yaml": c.phase1_run().to_yaml() if c.prepare.phase1 else None,
         "task_command": task_command(c, req.program),
+        "trainer_args": " ".join(TRAINER_ARGS),
         "local_command": local_command(c, req.program),
         "requeue_exit_code": REQUEUE_EXIT_CODE,
     }

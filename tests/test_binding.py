@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from fake_node import GPUS, IB_DEVICES, dgx_a100, gpu_uuid
 
-from trainer.binding import Policy, applied, describe, plan_rank
+from trainer.binding import Policy, describe, plan_rank
+from trainer.dist_env import binding_plan
 from trainer.topology import format_cpu_list, parse_cpu_list, read_topology
 
 ALL_CPUS = set(range(256))
@@ -213,7 +214,7 @@ def test_topology_keeps_numa_node_ids_when_a_node_has_no_usable_cpu(tmp_path):
     assert plan(node, 0, allowed=allowed).numactl[-1] == "--membind=1"  # the first usable node, not "node 0"
 
 
-def test_describe_reports_this_ranks_plan_and_applied_reads_the_wrappers(node):
+def test_describe_reports_this_ranks_plan_and_binding_plan_reads_the_wrappers(node):
     environ = {"RANK": "13", "LOCAL_RANK": "5", "WORLD_SIZE": "16", "LOCAL_WORLD_SIZE": "8"}
     d = describe(EXCLUSIVE, environ=environ, root=node, allowed=ALL_CPUS)
     assert d == {
@@ -221,8 +222,8 @@ def test_describe_reports_this_ranks_plan_and_applied_reads_the_wrappers(node):
         "ib_device": "mlx5_6", "numactl": ["--physcpubind=120-127,248-255", "--membind=7"],
         "env": {"UCX_NET_DEVICES": "mlx5_6:1", "OMPI_MCA_btl_openib_if_include": "mlx5_6"}, "fallback": None,
     }
-    assert applied({"BERTCTL_BINDING": json.dumps(d)}) == d
-    assert applied({}) is None
+    assert binding_plan({"BERTCTL_BINDING": json.dumps(d)}) == d
+    assert binding_plan({}) is None
 
 
 @pytest.mark.skipif(Path("/proc/driver/nvidia/gpus").exists(), reason="this machine has an NVIDIA driver")

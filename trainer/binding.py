@@ -17,7 +17,7 @@ Where the locality cannot be read (no NVIDIA driver, a GPU whose numa_node is -1
 placed by position as bind.sh does: all the node's cores split by local rank, NUMA node
 local_rank * nodes / ranks, IB device local_rank * devices / ranks. The wrapper then prints one line
 to stderr, `binding: rank R: <why>: <what> by position`. The plan it applied is exported to the
-command as JSON in BERTCTL_BINDING (see `applied`).
+command as JSON in BERTCTL_BINDING (read back by `dist_env.binding_plan`).
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ import os
 import shutil
 import sys
 from collections import Counter
-from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import NamedTuple  # records as NamedTuples: this wrapper starts once per rank (see dist_env)
 
-from trainer.dist_env import detect
+from trainer.dist_env import BINDING_VARIABLE, detect
 from trainer.topology import (
     Gpu,
     NoLocality,
@@ -48,19 +48,16 @@ from trainer.topology import (
 
 TOPOLOGY_ROOT_VARIABLE = "BERTCTL_TOPOLOGY_ROOT"
 ALL_CPUS = set(range(1 << 14))  # a copied tree's CPUs are not this machine's: take them all
-PLAN_VARIABLE = "BERTCTL_BINDING"
 
 
-@dataclass(frozen=True)
-class Policy:
+class Policy(NamedTuple):
     cpu: str = "none"  # none | exclusive | exclusive_nosmt | node
     mem: str = "none"  # none | node
     ib: str = "none"  # none | single
     ib_devices: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
-class Placement:
+class Placement(NamedTuple):
     """Where a rank goes, before a policy turns it into numactl options."""
 
     numa_node: int
@@ -73,22 +70,19 @@ class Placement:
     fallback: str | None = None  # why part of the placement went by position
 
 
-@dataclass
-class Plan:
+class Plan(NamedTuple):
     local_rank: int
     numa_node: int
-    gpu: str | None = None
-    ib_device: str | None = None
-    cpus: list[int] = field(default_factory=list)
-    numactl: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
-    fallback: str | None = None
+    gpu: str | None
+    ib_device: str | None
+    cpus: list[int]
+    numactl: list[str]
+    env: dict[str, str]
+    fallback: str | None
 
     def as_dict(self) -> dict:
         """JSON-ready: `cpus` as a cpulist string ('48-55,176-183'); fallback None when all went by locality."""
-        d = asdict(self)
-        d["cpus"] = format_cpu_list(self.cpus)
-        return d
+        return {**self._asdict(), "cpus": format_cpu_list(self.cpus)}
 
 
 def plan_rank(
@@ -107,7 +101,7 @@ def plan_rank(
     except NoLocality as why:
         what = "NUMA node and IB device" if policy.ib == "single" else "NUMA node"
         placement = by_position(local_rank, tasks_per_node, topo, policy)
-        placement = replace(placement, fallback=f"{why}: {what} by position")
+        placement = placement._replace(fallback=f"{why}: {what} by position")
     return apply_policy(local_rank, placement, policy)
 
 
@@ -148,9 +142,9 @@ def by_locality(
     if policy.ib != "single":
         return placement
     try:
-        return replace(placement, ib_device=nearest_ib(mine, placement.slot, policy.ib_devices, root))
+        return placement._replace(ib_device=nearest_ib(mine, placement.slot, policy.ib_devices, root))
     except NoLocality as why:
-        return replace(placement, ib_device=ib_by_position(local_rank, tasks_per_node, policy),
+        return placement._replace(ib_device=ib_by_position(local_rank, tasks_per_node, policy),
                        fallback=f"{why}: IB device by position")
 
 
@@ -186,7 +180,8 @@ def nearest_ib(gpu: PciPlace, slot: int, names: tuple[str, ...], root: Path) -> 
 
 def apply_policy(local_rank: int, placement: Placement, policy: Policy) -> Plan:
     p = placement
-    plan = Plan(local_rank=local_rank, numa_node=p.numa_node, gpu=p.gpu, ib_device=p.ib_device, fallback=p.fallback)
+    cpus: list[int] = []
+    numactl: list[str] = []
     if policy.cpu in ("exclusive", "exclusive_nosmt"):
         share = len(p.cores) // p.slots
         if share == 0:
@@ -194,16 +189,15 @@ def apply_policy(local_rank: int, placement: Placement, policy: Policy) -> Plan:
         mine = p.cores[p.slot * share:(p.slot + 1) * share]
         primaries = [threads[0] for threads in mine]
         siblings = [t for threads in mine for t in threads[1:]]
-        plan.cpus = sorted(primaries + ([] if policy.cpu == "exclusive_nosmt" else siblings))
-        plan.numactl.append("--physcpubind=" + format_cpu_list(plan.cpus))
+        cpus = sorted(primaries + ([] if policy.cpu == "exclusive_nosmt" else siblings))
+        numactl.append("--physcpubind=" + format_cpu_list(cpus))
     elif policy.cpu == "node":
-        plan.cpus = p.node_cpus
-        plan.numactl.append(f"--cpunodebind={p.numa_node}")
+        cpus = p.node_cpus
+        numactl.append(f"--cpunodebind={p.numa_node}")
     if policy.mem == "node":
-        plan.numactl.append(f"--membind={p.numa_node}")
-    if p.ib_device:
-        plan.env.update(UCX_NET_DEVICES=f"{p.ib_device}:1", OMPI_MCA_btl_openib_if_include=p.ib_device)
-    return plan
+        numactl.append(f"--membind={p.numa_node}")
+    env = {"UCX_NET_DEVICES": f"{p.ib_device}:1", "OMPI_MCA_btl_openib_if_include": p.ib_device} if p.ib_device else {}
+    return Plan(local_rank, p.numa_node, p.gpu, p.ib_device, cpus, numactl, env, p.fallback)
 
 
 def describe(
@@ -216,13 +210,6 @@ def describe(
     me = detect(env)
     plan = plan_rank(me.local_rank, tasks_per_node or me.local_world_size, policy, root, env, allowed)
     return {"rank": me.rank, **plan.as_dict()}
-
-
-def applied(environ: dict[str, str] | None = None) -> dict | None:
-    """The plan the binding wrapper applied to this process (`describe`'s dict), None without the wrapper."""
-    env = os.environ if environ is None else environ
-    text = env.get(PLAN_VARIABLE)
-    return json.loads(text) if text else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -251,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
     if plan["fallback"]:
         print(f"binding: rank {plan['rank']}: {plan['fallback']}", file=sys.stderr, flush=True)
     os.environ.update(plan["env"])
-    os.environ[PLAN_VARIABLE] = json.dumps(plan, sort_keys=True)
+    os.environ[BINDING_VARIABLE] = json.dumps(plan, sort_keys=True)
     if root != "/":
         os.execvp(command[0], command)  # planned for another machine: nothing to apply here
     return exec_bound(plan, opts.mem != "none", command)

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple  # records as NamedTuples: the binding wrapper starts once per rank (see dist_env)
 
 
 class NoLocality(Exception):
@@ -53,8 +53,7 @@ def format_cpu_list(cpus: list[int]) -> str:
 
 # --- cores and NUMA nodes ---------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class Topology:
+class Topology(NamedTuple):
     cores: list[list[int]]  # physical cores in order, each the list of its hardware threads
     numa_nodes: dict[int, list[int]]  # NUMA node id -> its CPUs (only nodes with CPUs this task may use)
 
@@ -75,9 +74,13 @@ def read_topology(root: Path | str = "/", allowed: set[int] | None = None) -> To
     root = Path(root)
     allowed = os.sched_getaffinity(0) if allowed is None else allowed
     cores: dict[tuple[int, ...], None] = {}
+    seen: set[int] = set()  # siblings of cores already read: their own files say the same
     for cpu, cpu_dir in numbered(root / "sys/devices/system/cpu", "cpu"):
+        if cpu in seen:
+            continue
         siblings = cpu_dir / "topology" / "thread_siblings_list"
         threads = parse_cpu_list(siblings.read_text()) if siblings.exists() else [cpu]
+        seen.update(threads)
         threads = [t for t in threads if t in allowed]
         if threads:
             cores.setdefault(tuple(threads), None)
@@ -91,8 +94,7 @@ def read_topology(root: Path | str = "/", allowed: set[int] | None = None) -> To
 
 # --- GPUs -------------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class Gpu:
+class Gpu(NamedTuple):
     bus_id: str  # PCI address as the driver and sysfs spell it: 0000:07:00.0
     minor: int  # N of /dev/nvidiaN
     uuid: str  # GPU-...; GPU-????... while the driver has not initialised the GPU
@@ -198,8 +200,7 @@ def index_universe(gpus: list[Gpu], entries: list[str], environ: dict[str, str])
 
 # --- PCI devices: NUMA node and place in the PCI tree -----------------------------------------
 
-@dataclass(frozen=True)
-class PciPlace:
+class PciPlace(NamedTuple):
     numa_node: int  # -1 where the firmware does not say
     path: tuple[str, ...]  # bridges from the root complex down to the device itself
 

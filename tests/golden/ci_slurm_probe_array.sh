@@ -139,6 +139,8 @@ WHERE=" on $SLURM_JOB_NUM_NODES node(s)"
 launch_ranks() {  # run $1 with seed $2: every rank of the allocation
   export MASTER_PORT=$((20000 + SLURM_JOB_ID % 2000 * 16 + $1 % 16))
   export BERTCTL_RUN_INDEX=$1 BERTCTL_SEED=$2
+  # the run's plan, once: every rank's shards and exchange group, by the trainer's own code
+  srun --ntasks=1 --nodes=1 "${CONTAINER[@]}" "$PYTHON" -m trainer.probe --plan "$NTASKS" --config "$EXP_DIR/run.yaml" --out "$EXP_DIR" --run-index "$BERTCTL_RUN_INDEX" --seed "$BERTCTL_SEED" || return 1
   srun -l --kill-on-bad-exit=1 --distribution=block \
     --ntasks="$NTASKS" --ntasks-per-node=2 "${CONTAINER[@]}" \
     bash "$EXP_DIR/task.sh"
@@ -166,7 +168,8 @@ run_one() {
     rm -f "$result"
     on_every_node bash -c "$DROP_CACHES" ||
       { echo "error: could not drop the page cache (needs root or sudo; node.clear_caches=log_only only logs it)" | tee -a "$log"; return 1; }
-    on_every_node "${CONTAINER[@]}" "$PYTHON" -m trainer.mlperf cache-clear --file "$result" ||
+    # (one BLAS thread: mlperf_logging imports numpy, whose OpenBLAS would start one per core on every node)
+    on_every_node "${CONTAINER[@]}" env OPENBLAS_NUM_THREADS=1 "$PYTHON" -m trainer.mlperf cache-clear --file "$result" ||
       { echo "error: could not log cache_clear to $result" | tee -a "$log"; return 1; }
     touch "$EXP_DIR/runs/$i.started"
   fi

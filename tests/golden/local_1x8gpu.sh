@@ -130,7 +130,8 @@ run_one() {
   echo "=== run $i of $NEXP (seed $seed)$WHERE, $(date -Is)" | tee -a "$log"
   if [ ! -e "$EXP_DIR/runs/$i.started" ]; then
     rm -f "$result"
-    on_every_node "${CONTAINER[@]}" "$PYTHON" -m trainer.mlperf cache-clear --file "$result" ||
+    # (one BLAS thread: mlperf_logging imports numpy, whose OpenBLAS would start one per core on every node)
+    on_every_node "${CONTAINER[@]}" env OPENBLAS_NUM_THREADS=1 "$PYTHON" -m trainer.mlperf cache-clear --file "$result" ||
       { echo "error: could not log cache_clear to $result" | tee -a "$log"; return 1; }
     touch "$EXP_DIR/runs/$i.started"
   fi

@@ -170,7 +170,8 @@ run_one() {
     rm -f "$result"
     on_every_node bash -c "$DROP_CACHES" ||
       { echo "error: could not drop the page cache (needs root or sudo; node.clear_caches=log_only only logs it)" | tee -a "$log"; return 1; }
-    on_every_node "${CONTAINER[@]}" "$PYTHON" -m trainer.mlperf cache-clear --file "$result" ||
+    # (one BLAS thread: mlperf_logging imports numpy, whose OpenBLAS would start one per core on every node)
+    on_every_node "${CONTAINER[@]}" env OPENBLAS_NUM_THREADS=1 "$PYTHON" -m trainer.mlperf cache-clear --file "$result" ||
       { echo "error: could not log cache_clear to $result" | tee -a "$log"; return 1; }
     touch "$EXP_DIR/runs/$i.started"
   fi

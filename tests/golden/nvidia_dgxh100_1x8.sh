@@ -135,11 +135,11 @@ IMAGE='nvcr.io#nvidia/pytorch:24.09-py3'
 srun --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 --container-image="$IMAGE" --container-name=language_model true
 CONTAINER=(--container-name=language_model --container-mounts="$EXP_DIR:$EXP_DIR",/raid/datasets/bert/hdf5/4320_shards:/workspace/data_phase2,/raid/datasets/bert/hdf5/eval_4320_shard:/workspace/evaldata,/raid/datasets/bert/checkpoints/checkpoint_phase1:/workspace/phase1 --container-workdir=/workspace/bert)
 # ---- a stock image: the bertctl that submitted this job (the wheel in wheels/), installed once for the
-# whole job on the shared experiment folder and put first on every rank's path; then the image is
-# checked for every package bertctl needs (they are listed if some are missing)
+# whole job on the shared experiment folder and put first on every rank's path; then the image (the
+# same on every node) is checked once for every package bertctl needs (they are listed if some are missing)
 srun --ntasks=1 --nodes=1 "${CONTAINER[@]}" "$PYTHON" -m pip install --quiet --no-deps --no-index --target "$EXP_DIR/site" "$EXP_DIR"/wheels/bertctl-*.whl
 export PYTHONPATH="$EXP_DIR/site${PYTHONPATH:+:$PYTHONPATH}"
-srun --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 "${CONTAINER[@]}" "$PYTHON" -m trainer.image_check
+srun --ntasks=1 --nodes=1 "${CONTAINER[@]}" "$PYTHON" -m trainer.image_check
 
 on_every_node() { srun --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 "$@"; }
 
@@ -175,7 +175,8 @@ run_one() {
     rm -f "$result"
     on_every_node bash -c "$DROP_CACHES" ||
       { echo "error: could not drop the page cache (needs root or sudo; node.clear_caches=log_only only logs it)" | tee -a "$log"; return 1; }
-    on_every_node "${CONTAINER[@]}" "$PYTHON" -m trainer.mlperf cache-clear --file "$result" ||
+    # (one BLAS thread: mlperf_logging imports numpy, whose OpenBLAS would start one per core on every node)
+    on_every_node "${CONTAINER[@]}" env OPENBLAS_NUM_THREADS=1 "$PYTHON" -m trainer.mlperf cache-clear --file "$result" ||
       { echo "error: could not log cache_clear to $result" | tee -a "$log"; return 1; }
     touch "$EXP_DIR/runs/$i.started"
   fi

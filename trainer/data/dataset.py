@@ -111,8 +111,9 @@ def stream_files(files: list[Path], stream: int, num_streams: int, seed: int, sa
     return [files[i] for i in order[stream::num_streams]]
 
 
-def rank_files(data: DataConfig, balance: BalanceConfig, rank: int, world_size: int, seed: int) -> list[Path]:
-    """Every shard this rank reads in the first epoch, without opening any (what the launch probe reports)."""
+def files_by_rank(data: DataConfig, balance: BalanceConfig, world_size: int, seed: int) -> list[list[Path]]:
+    """Every rank's shards for the first epoch, by rank, without opening any (the launch probe's plan):
+    the folder is listed once for all ranks, and each rank's streams are the trainer's (`stream_files`)."""
     num_streams = data.streams or world_size
     per_rank = num_streams // world_size
     folder = Path(expand_path(data.train_dir))
@@ -129,8 +130,10 @@ def rank_files(data: DataConfig, balance: BalanceConfig, rank: int, world_size: 
             raise DataError(f"{files[0].parent if files else folder}: {len(files)} shard(s) for {num_streams} readers; "
                             "each reader needs at least one")
     salts = range(1, len(groups) + 1) if balance.stratified else [0]
-    return [f for files, salt in zip(groups, salts) for s in range(rank * per_rank, (rank + 1) * per_rank)
-            for f in stream_files(files, s, num_streams, seed, salt, 0)]
+    by_stream = [[stream_files(files, s, num_streams, seed, salt, 0) for s in range(num_streams)]
+                 for files, salt in zip(groups, salts)]
+    return [[f for streams in by_stream for s in range(rank * per_rank, (rank + 1) * per_rank) for f in streams[s]]
+            for rank in range(world_size)]
 
 
 class ShardLoader:
