@@ -172,7 +172,7 @@ def rendezvous(reports: list[dict]) -> Check:
 def shards_once(reports: list[dict], run: dict) -> Check:
     errors = [r["shards_error"] for r in reports if r.get("shards_error")]
     if errors:
-        return Check("every shard read once", False, f"{len(errors)} rank(s) cannot list shards: {errors[0]}", "run.data.train_dir")
+        return Check("every shard read once", False, f"{len(errors)} rank(s) cannot read their shards: {errors[0]}", "run.data.train_dir")
     read = Counter(f for r in reports for f in r.get("shards") or [])
     twice = [f for f, n in read.items() if n > 1]
     ok = bool(read) and not twice
