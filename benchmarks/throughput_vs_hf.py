@@ -20,8 +20,11 @@ sets OMP_WAIT_POLICY=PASSIVE unless it is set already (it must be set before tor
 the thread count explicitly. --load N starts N busy-loop processes for the measurement, to see
 the ratio when the cores are shared.
 Each round also shows the CPU time of each step (all threads of this process): the ratio of those
-is the ratio of work, which other processes on the machine do not change.
-Last line: speedup_vs_hf=<median ratio> ours_seq_per_s=<x> hf_seq_per_s=<y>
+is the ratio of work, which other processes on the machine do not change. And the ratio of the two
+steps' training FLOPs (trainer/model.py::flops_per_sequence: Hugging Face's at 512 tokens with the MLM
+head on all 512 positions, ours at the real lengths and masked positions): a speedup above it means
+ours also does its FLOPs faster.
+Last line: speedup_vs_hf=<median ratio> ours_seq_per_s=<x> hf_seq_per_s=<y> flop_ratio=<median FLOP ratio>
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ from trainer.config import ModelConfig
 from trainer.data.batch import collate
 from trainer.data.histogram import sample_lengths
 from trainer.data.layout import Sample
-from trainer.model import BertForPreTraining, pretraining_loss_sums
+from trainer.model import BertForPreTraining, flops_per_sequence, pretraining_loss_sums
 from trainer.weights import load_pretrained
 
 BATCH, SEQ, MAX_PRED = 16, 512, 76
@@ -66,6 +69,12 @@ def make_batch(rng: np.random.Generator, vocab: int) -> list[Sample]:
         pos = np.sort(rng.choice(np.arange(1, length - 1), size=k, replace=False))
         samples.append(Sample(ids, seg, pos, rng.integers(1000, vocab, k), int(rng.integers(0, 2))))
     return samples
+
+
+def flop_ratio(cfg: ModelConfig, samples: list[Sample]) -> float:
+    """Hugging Face's training FLOPs for this batch over ours: padded to 512 and the MLM head on every position."""
+    ours = sum(flops_per_sequence(cfg, len(s), len(s.masked_lm_positions)) for s in samples)
+    return len(samples) * flops_per_sequence(cfg, SEQ, SEQ) / ours
 
 
 def hf_inputs(samples: list[Sample]) -> dict:
@@ -142,16 +151,18 @@ def main() -> None:
                     cpu[name].append(took[name][1])
             print(f"round {i}{' (warm-up)' if i == 0 else ''}: ours {took['ours'][0]:.2f} s (cpu {took['ours'][1]:.2f} s), "
                   f"hf {took['hf'][0]:.2f} s (cpu {took['hf'][1]:.2f} s), ratio {took['hf'][0] / took['ours'][0]:.2f}, "
-                  f"mean length {np.mean([len(s) for s in samples]):.0f}", flush=True)
+                  f"FLOP ratio {flop_ratio(cfg, samples):.2f}, mean length {np.mean([len(s) for s in samples]):.0f}",
+                  flush=True)
     ratio = statistics.median(h / o for h, o in zip(times["hf"], times["ours"]))
     cpu_ratio = statistics.median(h / o for h, o in zip(cpu["hf"], cpu["ours"]))
+    flops = statistics.median(flop_ratio(cfg, samples) for samples in batches[1:])
     ours_s, hf_s = (BATCH / statistics.median(times[k]) for k in ("ours", "hf"))
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, {torch.get_num_threads()} threads, "
           f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}, {args.load} busy processes, load average "
           f"{load_before:.1f} -> {os.getloadavg()[0]:.1f}; torch {torch.__version__}, transformers {transformers.__version__}, "
           f"HF attention {hf.config._attn_implementation}, ours {args.attention}{' compiled' if args.compile else ''}; "
           f"fp32, batch {BATCH} x {SEQ}, {args.rounds} rounds, medians; CPU-time ratio {cpu_ratio:.2f}")
-    print(f"speedup_vs_hf={ratio:.2f} ours_seq_per_s={ours_s:.2f} hf_seq_per_s={hf_s:.2f}")
+    print(f"speedup_vs_hf={ratio:.2f} ours_seq_per_s={ours_s:.2f} hf_seq_per_s={hf_s:.2f} flop_ratio={flops:.2f}")
 
 
 if __name__ == "__main__":
