@@ -111,23 +111,28 @@ def stream_files(files: list[Path], stream: int, num_streams: int, seed: int, sa
     return [files[i] for i in order[stream::num_streams]]
 
 
+def shard_groups(train_dir: str, stratified: bool) -> list[list[Path]]:
+    """The shards the streams shuffle: one group per length bin for stratified batches, else one."""
+    folder = Path(expand_path(train_dir))
+    if not folder.is_dir():
+        raise DataError(f"{folder}: training data folder not found")
+    if not stratified:
+        return [training_files(folder)]
+    groups = [shard_files(b) for b in bin_folders(folder)]
+    if not groups:
+        raise DataError(f"{folder}: stratified batches need the 4-bin layout (subfolders 128/256/384/512)")
+    return groups
+
+
 def files_by_rank(data: DataConfig, balance: BalanceConfig, world_size: int, seed: int) -> list[list[Path]]:
     """Every rank's shards for the first epoch, by rank, without opening any (the launch probe's plan):
     the folder is listed once for all ranks, and each rank's streams are the trainer's (`stream_files`)."""
     num_streams = data.streams or world_size
     per_rank = num_streams // world_size
-    folder = Path(expand_path(data.train_dir))
-    if not folder.is_dir():
-        raise DataError(f"{folder}: training data folder not found")
-    if balance.stratified:
-        groups = [shard_files(b) for b in bin_folders(folder)]
-        if not groups:
-            raise DataError(f"{folder}: stratified batches need the 4-bin layout (subfolders 128/256/384/512)")
-    else:
-        groups = [training_files(folder)]
+    groups = shard_groups(data.train_dir, balance.stratified)
     for files in groups:
         if len(files) < num_streams:
-            raise DataError(f"{files[0].parent if files else folder}: {len(files)} shard(s) for {num_streams} readers; "
+            raise DataError(f"{files[0].parent if files else data.train_dir}: {len(files)} shard(s) for {num_streams} readers; "
                             "each reader needs at least one")
     salts = range(1, len(groups) + 1) if balance.stratified else [0]
     by_stream = [[stream_files(files, s, num_streams, seed, salt, 0) for s in range(num_streams)]
@@ -257,16 +262,13 @@ class TrainData:
         self.per_stream = batch_size * world_size // num_streams
         self.loader = ShardLoader(data.num_workers, vocab_size, data.max_seq_length, data.max_predictions_per_seq)
         mine = range(rank * per_rank, (rank + 1) * per_rank)
-        folder = Path(expand_path(data.train_dir))
         if balance.stratified:
-            bins = [shard_files(b) for b in bin_folders(folder)]
-            if not bins:
-                raise DataError(f"{folder}: stratified batches need the 4-bin layout (subfolders 128/256/384/512)")
+            bins = shard_groups(data.train_dir, stratified=True)
             self.quotas = balance.bin_quotas or quotas_from_counts(
                 np.array([count_samples(files) for files in bins]), self.per_stream)
             self.streams = [StratifiedStream(bins, s, num_streams, seed, self.loader, self.quotas) for s in mine]
         else:
-            files = training_files(folder)
+            [files] = shard_groups(data.train_dir, stratified=False)
             self.streams = [ShardStream(files, s, num_streams, seed, self.loader) for s in mine]
         self.packed = [PackedStream(s, balance.pack_window, data.max_seq_length, seed, balance.pack_sequences)
                        for s in self.streams] \
