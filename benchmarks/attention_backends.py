@@ -28,7 +28,7 @@ from trainer.config import ModelConfig
 from trainer.data.batch import collate
 from trainer.data.histogram import sample_lengths
 from trainer.data.layout import Sample
-from trainer.model import BertForPreTraining, pretraining_loss_sums
+from trainer.model import BertForPreTraining
 
 BACKENDS = ("per_sequence", "nested")
 
@@ -62,8 +62,7 @@ def training_step(model, samples):
     batch = collate(samples, unpadded=True)
 
     def step():
-        mlm, nsp = model(batch)
-        mlm_sum, nsp_sum = pretraining_loss_sums(mlm, nsp, batch)
+        mlm_sum, nsp_sum = model(batch, loss_sums=True)
         (mlm_sum / batch.num_masked + nsp_sum / batch.num_sequences).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)

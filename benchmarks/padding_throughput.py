@@ -25,7 +25,7 @@ from trainer.config import ModelConfig
 from trainer.data.batch import collate
 from trainer.data.histogram import sample_lengths
 from trainer.data.layout import Sample
-from trainer.model import BertForPreTraining, pretraining_loss_sums
+from trainer.model import BertForPreTraining
 
 
 def sample_of(length: int, rng, vocab: int) -> Sample:
@@ -48,8 +48,7 @@ def batches(rng, vocab: int):
 def step(model, opt, samples, unpadded) -> tuple[float, int]:
     batch = collate(samples, unpadded=unpadded)
     start = time.perf_counter()
-    mlm, nsp = model(batch)
-    mlm_sum, nsp_sum = pretraining_loss_sums(mlm, nsp, batch)
+    mlm_sum, nsp_sum = model(batch, loss_sums=True)
     (mlm_sum / batch.num_masked + nsp_sum / batch.num_sequences).backward()
     opt.step()
     opt.zero_grad(set_to_none=True)

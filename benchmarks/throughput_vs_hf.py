@@ -52,7 +52,7 @@ from trainer.config import ModelConfig
 from trainer.data.batch import collate
 from trainer.data.histogram import sample_lengths
 from trainer.data.layout import Sample
-from trainer.model import BertForPreTraining, flops_per_sequence, pretraining_loss_sums
+from trainer.model import BertForPreTraining, flops_per_sequence
 from trainer.weights import load_pretrained
 
 BATCH, SEQ, MAX_PRED = 16, 512, 76
@@ -87,8 +87,7 @@ def hf_inputs(samples: list[Sample]) -> dict:
 
 def ours_step(model, opt, samples):
     batch = collate(samples, unpadded=True)
-    mlm, nsp = model(batch)
-    mlm_sum, nsp_sum = pretraining_loss_sums(mlm, nsp, batch)
+    mlm_sum, nsp_sum = model(batch, loss_sums=True)
     (mlm_sum / batch.num_masked + nsp_sum / batch.num_sequences).backward()
     opt.step()
     opt.zero_grad(set_to_none=True)

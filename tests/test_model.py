@@ -192,15 +192,52 @@ def test_a_compiler_failure_falls_back_to_eager_with_one_warning_line(monkeypatc
                      "torch._inductor.config.cpp.cxx: ('/nonexistent/g++',)); runtime.compile falls back to eager"]
 
 
-def test_the_summed_cross_entropy_equals_torchs_with_gradients():
-    from trainer.model import SummedCrossEntropy
+def test_the_fused_decoder_cross_entropy_equals_torchs_with_gradients():
+    """LinearCrossEntropySum never forms the logits' gradient: its loss and the gradients of the
+    hidden states, the (tied, padded) decoder weight and the bias must still be torch's."""
+    from trainer.mlm_loss import LinearCrossEntropySum, fused_fits, masked_lm_loss_sum
 
     gen = torch.Generator().manual_seed(0)
-    logits = (torch.randn(300, 1001, generator=gen) * 4).requires_grad_()
+    x = torch.randn(300, 64, generator=gen)
+    weight = torch.randn(1008, 64, generator=gen)  # 1001 real rows, padded to 1008; logits up to ~30
+    bias = torch.randn(1008, generator=gen)
     labels = torch.randint(0, 1001, (300,), generator=gen)
-    ours = SummedCrossEntropy.apply(logits, labels)
-    (grad,) = torch.autograd.grad(ours * 0.5, logits)
-    reference = torch.nn.functional.cross_entropy(logits, labels, reduction="sum")
-    (reference_grad,) = torch.autograd.grad(reference * 0.5, logits)
-    torch.testing.assert_close(ours, reference, rtol=1e-6, atol=1e-4)
-    torch.testing.assert_close(grad, reference_grad, rtol=1e-5, atol=1e-7)
+    labels[:40] = 7  # a label many rows share: its bias and weight rows sum 40 one-hot terms
+    results = []
+    for fused in (True, False):
+        leaves = [t.clone().requires_grad_() for t in (x, weight, bias)]
+        if fused:
+            assert fused_fits(leaves[0], leaves[1])
+            loss = masked_lm_loss_sum(*leaves, 1001, labels)
+        else:
+            logits = torch.nn.functional.linear(leaves[0], leaves[1][:1001], leaves[2][:1001])
+            loss = torch.nn.functional.cross_entropy(logits, labels, reduction="sum")
+        results.append((loss, *torch.autograd.grad(loss * 0.37, leaves)))
+    (loss, *grads), (reference, *reference_grads) = results
+    torch.testing.assert_close(loss, reference, rtol=1e-6, atol=1e-3)
+    for name, grad, expected in zip(("x", "weight", "bias"), grads, reference_grads):
+        torch.testing.assert_close(grad, expected, rtol=1e-5, atol=1e-6, msg=lambda m, name=name: f"{name}: {m}")
+    assert torch.count_nonzero(grads[1][1001:]) == 0 and torch.count_nonzero(grads[2][1001:]) == 0
+    # only the gradients asked for are computed; the others stay None
+    frozen = LinearCrossEntropySum.apply(x.clone().requires_grad_(), weight[:1001], bias[:1001], labels)
+    assert frozen.grad_fn is not None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not fused_fits(x, weight)  # autocast changes the GEMM: torch's path runs
+
+
+def test_training_loss_sums_equal_the_logits_path_with_gradients():
+    """model(batch, loss_sums=True) (fused on the CPU) against cross-entropy of model(batch)'s
+    logits, dropout on: the same masks, so the same loss and the same gradients."""
+    cfg = ModelConfig(**SMALL)
+    torch.manual_seed(2)
+    model = BertForPreTraining(cfg).train()
+    batch = collate(random_samples(6, cfg.vocab_size, 100, seed=4), unpadded=True)
+    results = []
+    for fused in (True, False):
+        model.zero_grad()
+        torch.manual_seed(5)
+        sums = model(batch, loss_sums=True) if fused else pretraining_loss_sums(*model(batch), batch)
+        (sums[0] / batch.num_masked + sums[1] / batch.num_sequences).backward()
+        results.append((torch.stack(sums).detach(), torch.cat([p.grad.flatten() for p in model.parameters()])))
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-6, atol=1e-4)
+    torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-4, atol=1e-6)

@@ -13,11 +13,11 @@ phase-1 checkpoint and ours are interchangeable. Two things make it fast where i
   + LayerNorm) as torch.compile'd fused kernels; if compiling fails the model runs eager, after
   one warning line.
 
-The decoder uses the vocabulary padded to a multiple of 8; on CUDA its logits are sliced back to
-the real vocabulary, on the CPU its weights are (cheaper there), so the padded rows never take
-part in the softmax. The MLM loss on the CPU is `SummedCrossEntropy`, dropout there draws its
-masks cheaply (trainer/dropout.py): on a CPU, those passes over large tensors cost as much as
-the GEMMs' remainder.
+The decoder uses the vocabulary padded to a multiple of 8, sliced back to the real vocabulary
+(trainer/mlm_loss.py), so the padded rows never take part in the softmax. In training
+(`forward(batch, loss_sums=True)`) the CPU runs the decoder and its cross-entropy as one fused
+function, and dropout there draws its masks cheaply (trainer/dropout.py): on a CPU, those passes
+over large tensors cost as much as the GEMMs' remainder.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from trainer.attention import check_backend_name, padded_attention, varlen_atten
 from trainer.config import ModelConfig
 from trainer.data.batch import Batch
 from trainer.dropout import dropout
+from trainer.mlm_loss import masked_lm_loss_sum, vocab_logits
 
 
 def layer_norm(hidden: int, eps: float, fused: bool) -> nn.Module:
@@ -251,11 +252,11 @@ class BertLMPredictionHead(nn.Module):
         self.vocab_size = cfg.vocab_size
 
     def forward(self, x):
-        x = self.transform(x)
-        if x.is_cuda:  # tensor cores want the padded vocabulary (a multiple of 8) as the GEMM's width
-            return F.linear(x, self.decoder.weight, self.bias)[:, : self.vocab_size]
-        # on the CPU, slicing the weights instead spares the loss two passes over padded logits
-        return F.linear(x, self.decoder.weight[: self.vocab_size], self.bias[: self.vocab_size])
+        return vocab_logits(self.transform(x), self.decoder.weight, self.bias, self.vocab_size)
+
+    def loss_sum(self, x, labels):
+        """The summed cross-entropy of the logits forward(x) would give (fused on the CPU)."""
+        return masked_lm_loss_sum(self.transform(x), self.decoder.weight, self.bias, self.vocab_size, labels)
 
 
 class BertPreTrainingHeads(nn.Module):
@@ -294,43 +295,24 @@ class BertForPreTraining(nn.Module):
             nn.init.ones_(module.weight)
             nn.init.zeros_(module.bias)
 
-    def forward(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, batch: Batch, loss_sums: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """(MLM logits, NSP logits), or with loss_sums their summed cross-entropies against the
+        batch's labels: the form training uses, where the CPU never forms the MLM logits' gradient."""
         hidden = self.bert(batch)
-        pooled = self.bert.pooler(hidden[batch.first_tokens])
-        mlm_logits = self.cls.predictions(hidden[batch.mlm_positions])
-        return mlm_logits, self.cls.seq_relationship(pooled)
+        nsp_logits = self.cls.seq_relationship(self.bert.pooler(hidden[batch.first_tokens]))
+        masked = hidden[batch.mlm_positions]
+        if loss_sums:
+            return self.cls.predictions.loss_sum(masked, batch.mlm_labels), nsp_loss_sum(nsp_logits, batch)
+        return self.cls.predictions(masked), nsp_logits
 
 
 def pretraining_loss_sums(mlm_logits, nsp_logits, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-    """Summed (not averaged) cross-entropies: the caller divides by the global counts."""
-    if mlm_logits.device.type == "cpu":
-        mlm = SummedCrossEntropy.apply(mlm_logits.float(), batch.mlm_labels)
-    else:
-        mlm = F.cross_entropy(mlm_logits.float(), batch.mlm_labels, reduction="sum")
-    nsp = F.cross_entropy(nsp_logits.float(), batch.nsp_labels, reduction="sum")
-    return mlm, nsp
+    """Summed (not averaged) cross-entropies of given logits: the caller divides by the global counts."""
+    return F.cross_entropy(mlm_logits.float(), batch.mlm_labels, reduction="sum"), nsp_loss_sum(nsp_logits, batch)
 
 
-class SummedCrossEntropy(torch.autograd.Function):
-    """F.cross_entropy(logits, labels, reduction="sum") in fewer passes over the [M, vocab] logits.
-
-    On the CPU each pass over a fresh logits-sized tensor costs page faults besides the maths;
-    torch's version makes four (log-softmax, its gradient, the loss gradient's zeros, ...), this
-    one two: logsumexp forward, softmax minus one-hot backward.
-    """
-
-    @staticmethod
-    def forward(ctx, logits, labels):
-        lse = torch.logsumexp(logits, dim=-1)
-        ctx.save_for_backward(logits, lse, labels)
-        return (lse - logits.gather(1, labels[:, None]).squeeze(1)).sum()
-
-    @staticmethod
-    def backward(ctx, grad):
-        logits, lse, labels = ctx.saved_tensors
-        grad_logits = torch.sub(logits, lse[:, None]).exp_()  # softmax
-        grad_logits[torch.arange(labels.numel(), device=labels.device), labels] -= 1.0
-        return grad_logits.mul_(grad), None
+def nsp_loss_sum(nsp_logits, batch: Batch) -> torch.Tensor:
+    return F.cross_entropy(nsp_logits.float(), batch.nsp_labels, reduction="sum")
 
 
 def count_parameters(model: nn.Module) -> int:

@@ -37,7 +37,7 @@ from trainer.evaluate import Evaluator
 from trainer.exchange import Exchange
 from trainer.gradients import GradientSync
 from trainer.mlperf import RunLogger
-from trainer.model import BertForPreTraining, pretraining_loss_sums
+from trainer.model import BertForPreTraining
 from trainer.optim import build_optimizer, learning_rate, set_learning_rate, take_step
 from trainer.progress import Tally, append_json_line, global_sums, progress_line, progress_record
 from trainer.weights import WeightsError, load_pretrained_file, tf_variable_names
@@ -190,8 +190,7 @@ class Trainer:
         inside `context`: whether DDP reduces in this backward (GradientSync.micro_step_context)."""
         with context:
             with self.autocast():
-                mlm_logits, nsp_logits = (self.ddp or self.model)(batch)
-            mlm, nsp = pretraining_loss_sums(mlm_logits, nsp_logits, batch)
+                mlm, nsp = (self.ddp or self.model)(batch, loss_sums=True)
             loss = mlm * mlm_weight + nsp * nsp_weight
             (self.scaler.scale(loss) if self.scaler else loss).backward()
         return mlm, nsp
