@@ -5,13 +5,17 @@
 4 layers, 256 hidden, 4 heads (1024 FFN), vocabulary 30522, batch 16 x 512 with sequence lengths
 drawn from the real Wikipedia length histogram, up to 76 masked positions per sequence
 (min(76, length - 2): the busiest realistic case), fp32 on the CPU, dropout 0.1 as in BERT. One
-training step = forward, backward and an AdamW step. Both models start from the same weights and
+training step = forward, backward and an AdamW step: torch's fused AdamW for both, which is
+both what Hugging Face's Trainer picks by default (optim "adamw_torch_fused" with torch >= 2.8)
+and what bertctl's trainer runs for optim.name: adam. Both models start from the same weights and
 see the same batches, in the same process with the same threads, in rounds: each round times one
 step of each on the same batch (who goes first alternates), so a change of load hits both alike;
 the ratio is the median of the per-round ratios.
 
 Hugging Face pads every sequence to 512 and runs its MLM head on all 512 positions; ours runs
-the encoder on real tokens only (unpadded) and the MLM head on the masked positions only.
+the encoder on real tokens only (unpadded) and the MLM head on the masked positions only, with
+the loss as the trainer computes it (model(batch, loss_sums=True): on the CPU the decoder and its
+cross-entropy are one function, trainer/mlm_loss.py).
 
 Threads: OpenMP's default wait policy lets idle threads spin; when another process shares the
 cores the spinning threads take the time slices the working thread needs, and a step with many
@@ -133,7 +137,7 @@ def main() -> None:
                            intermediate_size=1024)).train()
     ours = BertForPreTraining(cfg, attention=args.attention, compile=args.compile).train()
     load_pretrained(ours, hf.state_dict(), "hf")
-    opts = {name: torch.optim.AdamW(m.parameters(), lr=1e-4) for name, m in (("ours", ours), ("hf", hf))}
+    opts = {name: torch.optim.AdamW(m.parameters(), lr=1e-4, fused=True) for name, m in (("ours", ours), ("hf", hf))}
     steps = {"ours": lambda b: ours_step(ours, opts["ours"], b), "hf": lambda b: hf_step(hf, opts["hf"], b)}
     rng = np.random.default_rng(0)
     batches = [make_batch(rng, cfg.vocab_size) for _ in range(args.rounds + 1)]

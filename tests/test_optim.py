@@ -214,8 +214,10 @@ def test_each_name_builds_its_own_optimizer_with_the_configured_hyperparameters(
         assert decay["momentum"] == 0.8  # betas[0]; MADGRAD has no second beta
     else:
         assert decay["betas"] == (0.8, 0.95)
-    if name == "adam":  # no GPU here: the multi-tensor kernel (fused is for CUDA)
-        assert decay["foreach"] is True and not decay["fused"]
+    if name == "adam":  # torch's fused kernel (CPU and CUDA); the multi-tensor one on other devices
+        assert decay["fused"] is True and not decay["foreach"]
+        other = build_optimizer(tiny_model(), cfg, use_apex=False, device_type="meta").param_groups[0]
+        assert other["foreach"] is True and not other["fused"]
 
 
 def test_an_unknown_name_is_an_error_not_adam():

@@ -5,12 +5,15 @@ thread): in a BERT training step on the CPU that was an eighth of the time, most
 attention weights' masks (heads x L x L per sequence per layer). Here one 64-bit draw gives four
 16-bit lanes, each compared with a threshold: the drop probability is p rounded to a multiple of
 1/65536 (0.1 -> 0.1000061) and kept values are scaled by the exact inverse of the kept share, so
-the expectation is unchanged. Draws come from torch's generator: torch.manual_seed repeats them.
+the expectation is unchanged. The 64-bit draws come from numpy's PCG64DXSM, 2.5x faster per draw
+than torch's CPU generator (mt19937), seeded by one draw from torch's generator per mask: so
+torch.manual_seed, and a checkpoint's restored torch RNG state, repeat them.
 On other devices torch's own dropout runs (a fused kernel there).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -25,10 +28,16 @@ def dropout_threshold(p: float) -> tuple[int, float]:
 
 def dropout_noise(numel: int, p: float, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Flat multipliers on the CPU: 0 (dropped, probability ~p) or 1 / kept share."""
-    draws = torch.empty((numel + _LANES - 1) // _LANES, dtype=torch.int64).random_(-(2**63), None)
+    draws = random_bits((numel + _LANES - 1) // _LANES)
     threshold, kept = dropout_threshold(p)
     zero, scale = torch.zeros((), dtype=dtype), torch.full((), 1.0 / kept, dtype=dtype)
     return torch.where(draws.view(torch.int16)[:numel] < threshold, zero, scale)
+
+
+def random_bits(count: int) -> torch.Tensor:
+    """count uniformly random int64 values, from a generator seeded by torch's."""
+    seed = int(torch.randint(0, 2**62, (1,)))
+    return torch.from_numpy(np.random.PCG64DXSM(seed).random_raw(count).view(np.int64))
 
 
 def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
