@@ -192,6 +192,22 @@ def test_cheap_hidden_dropout_drops_scales_and_repeats():
     assert dropout(x, 0.1, training=False) is x and dropout(x, 0.0, training=True) is x
 
 
+def test_a_checkpoints_rng_state_repeats_the_dropout_masks_and_successive_masks_differ():
+    """The masks' bits come from numpy's generator seeded by torch's: restoring the RNG state a
+    checkpoint saves (trainer/checkpoint.py) must give the resumed step the same masks."""
+    from trainer.checkpoint import rng_state, set_rng_state
+
+    x = torch.ones(300, 300)
+    torch.manual_seed(3)
+    dropout(x, 0.1, training=True)
+    saved = rng_state()
+    masks = [dropout(x, 0.1, training=True) for _ in range(3)]
+    assert not torch.equal(masks[0], masks[1]) and not torch.equal(masks[1], masks[2])
+    torch.manual_seed(99)  # whatever ran in between
+    set_rng_state(saved)
+    assert all(torch.equal(dropout(x, 0.1, training=True), mask) for mask in masks)
+
+
 def test_a_run_asking_for_flash_attn_on_the_cpu_stops_before_training_naming_the_key():
     from trainer.config import RuntimeConfig
     from trainer.distributed import LaunchError, check_kernels

@@ -267,7 +267,8 @@ class BertPreTrainingHeads(nn.Module):
 
 
 class BertForPreTraining(nn.Module):
-    """forward(batch) -> (MLM logits at the masked positions [M, vocab], NSP logits [S, 2]).
+    """forward(batch) -> (MLM logits at the masked positions [M, vocab], NSP logits [S, 2]);
+    forward(batch, loss_sums=True) -> their summed cross-entropies (what training backpropagates).
 
     fused_kernels: apex's FusedLayerNorm where importable (runtime.kernels: apex);
     attention: the variable-length attention backend, runtime.attention (auto | flash_attn |
