@@ -163,8 +163,13 @@ class ShardLoader:
         return future.result() if future is not None else self._open(path)
 
     def close(self) -> None:
+        """Cancel queued reads and wait for the one in flight (at most one shard per worker).
+
+        Not waiting let the pool's manager thread close its wake-up pipe while Python 3.11's exit
+        hook for process pools was writing to it: a run ending on a shard error then printed an
+        'OSError: Bad file descriptor' traceback after its one-line error, now and then."""
         if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 def open_training_shard(path: Path, **limits) -> Shard:
