@@ -2,7 +2,7 @@
 
 The module tree mirrors `transformers.BertForPreTraining` (bert.embeddings / bert.encoder.layer.N
 / bert.pooler / cls.predictions / cls.seq_relationship), so its state dicts, NVIDIA's converted
-phase-1 checkpoint and ours are interchangeable. Two things make it fast where it matters:
+phase-1 checkpoint and ours are interchangeable. What makes it fast where it matters:
 
 - the MLM head (transform + 30k-vocabulary decoder) runs only on the masked positions, gathered
   before the head, instead of on every position;
