@@ -225,6 +225,36 @@ def test_the_fused_decoder_cross_entropy_equals_torchs_with_gradients():
         assert not fused_fits(x, weight)  # autocast changes the GEMM: torch's path runs
 
 
+def test_the_fused_decoder_reuses_its_logits_buffer_but_never_one_in_flight():
+    """A backward gives its logits buffer back and the next forward writes into it; two forwards
+    before their backwards each get their own, so both backwards still see their own logits."""
+    from trainer.mlm_loss import masked_lm_loss_sum
+
+    gen = torch.Generator().manual_seed(1)
+    weight, bias = torch.randn(500, 32, generator=gen).requires_grad_(), torch.zeros(500, requires_grad=True)
+    inputs = [(torch.randn(rows, 32, generator=gen), torch.randint(0, 500, (rows,), generator=gen)) for rows in (90, 80, 100)]
+
+    def reference(x, labels):
+        loss = torch.nn.functional.cross_entropy(x @ weight.t() + bias, labels, reduction="sum")
+        return torch.autograd.grad(loss, (weight, bias))
+
+    def buffer_of(loss):
+        return loss.grad_fn.buffer.data_ptr()
+
+    first = masked_lm_loss_sum(inputs[0][0], weight, bias, 500, inputs[0][1])
+    second = masked_lm_loss_sum(inputs[1][0], weight, bias, 500, inputs[1][1])  # first still in flight
+    assert buffer_of(first) != buffer_of(second)
+    reused = buffer_of(first)
+    for (x, labels), loss in zip(inputs, (first, second)):
+        for grad, expected in zip(torch.autograd.grad(loss, (weight, bias)), reference(x, labels)):
+            torch.testing.assert_close(grad, expected, rtol=1e-5, atol=1e-5)
+    # both were given back; a forward that fits takes one of them instead of new memory
+    third = masked_lm_loss_sum(inputs[0][0][:70], weight, bias, 500, inputs[0][1][:70])
+    assert buffer_of(third) in (reused, buffer_of(second))
+    for grad, expected in zip(torch.autograd.grad(third, (weight, bias)), reference(inputs[0][0][:70], inputs[0][1][:70])):
+        torch.testing.assert_close(grad, expected, rtol=1e-5, atol=1e-5)
+
+
 def test_training_loss_sums_equal_the_logits_path_with_gradients():
     """model(batch, loss_sums=True) (fused on the CPU) against cross-entropy of model(batch)'s
     logits, dropout on: the same masks, so the same loss and the same gradients."""
