@@ -1,5 +1,6 @@
 """Variable-length attention: every backend against the per-sequence reference, and the selection rules."""
 
+import numpy as np
 import pytest
 import torch
 
@@ -44,7 +45,7 @@ def test_the_reference_equals_masked_attention_on_the_padded_batch():
             dst[b, : end - start] = src[start:end]
         mask[b, : end - start] = True
     out = padded_attention(*(x.transpose(1, 2) for x in padded), mask, 0.0).transpose(1, 2)
-    torch.testing.assert_close(per_sequence_attention(q, k, v, cu, 0.0), out[mask], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(per_sequence_attention(q, k, v, LENGTHS[:5], 0.0), out[mask], rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("lengths", [LENGTHS, [512], [1]], ids=["mixed", "one-long", "one-token"])
@@ -52,7 +53,7 @@ def test_nested_forward_and_gradients_equal_the_reference(lengths):
     q, k, v, cu = packed(lengths)
     grad_out = torch.randn(sum(lengths), HEADS, DIM, generator=torch.Generator().manual_seed(9))
     results = []
-    for attention in (lambda: per_sequence_attention(q, k, v, cu, 0.0), lambda: nested(q, k, v, cu)):
+    for attention in (lambda: per_sequence_attention(q, k, v, lengths, 0.0), lambda: nested(q, k, v, cu)):
         out = attention()
         assert out.shape == q.shape
         results.append((out, *torch.autograd.grad(out, (q, k, v), grad_out)))
@@ -76,7 +77,7 @@ def test_dropout_drops_at_its_rate_and_repeats_under_a_seed(backend):
 
     def run(seed):
         torch.manual_seed(seed)
-        return varlen_attention(q, k, v, cu, max(lengths), p, backend, min(lengths))
+        return varlen_attention(q, k, v, cu, max(lengths), p, backend, lengths)
 
     out = run(0)
     kept = out[..., 0] * (1 - p)  # [T, heads]: keys kept per query row
@@ -104,13 +105,16 @@ def test_auto_takes_the_first_fused_kernel_for_the_device_and_dtype(flash_attn, 
     chosen = resolve_backend("auto", device, dtype, 64, flash_attn)
     if device == "cuda" and dtype in HALF:
         assert chosen == ("flash_attn" if flash_attn else "nested")
+    elif device == "cuda":  # fp32: flash_attn has no fp32 kernel, torch's memory-efficient one does
+        assert chosen == "nested"
     else:  # measured: on the CPU one dense SDPA per sequence beats the nested math fallback
         assert chosen == "per_sequence"
 
 
 @pytest.mark.parametrize("head_dim", [60, 512])
-def test_auto_skips_nested_where_torch_flash_cannot_take_the_head_size(head_dim):
-    assert resolve_backend("auto", "cuda", torch.bfloat16, head_dim, False) == "per_sequence"
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_auto_skips_nested_where_torchs_kernels_cannot_take_the_head_size(head_dim, dtype):
+    assert resolve_backend("auto", "cuda", dtype, head_dim, False) == "per_sequence"
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
@@ -145,7 +149,7 @@ def test_unknown_backend_and_the_preflight_check():
 def test_varlen_attention_on_the_cpu_refuses_an_explicit_flash_attn():
     q, k, v, cu = packed([3, 4], requires_grad=False)
     with pytest.raises(AttentionUnavailable, match="^runtime.attention: flash_attn needs"):
-        varlen_attention(q, k, v, cu, 4, 0.0, "flash_attn", 3)
+        varlen_attention(q, k, v, cu, 4, 0.0, "flash_attn", [3, 4])
 
 
 def test_the_cpu_dropout_path_is_the_reference_when_nothing_is_dropped():
@@ -153,7 +157,7 @@ def test_the_cpu_dropout_path_is_the_reference_when_nothing_is_dropped():
     lengths = (cu[1:] - cu[:-1]).tolist()
     grad_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(2))
     ours = cpu_dropout_attention(q, k, v, lengths, 1e-9)  # rounds to 0 of 65536: keeps everything
-    reference = per_sequence_attention(q, k, v, cu, 0.0)
+    reference = per_sequence_attention(q, k, v, lengths, 0.0)
     torch.testing.assert_close(ours, reference, rtol=1e-5, atol=1e-6)
     for a, b in zip(torch.autograd.grad(ours, (q, k, v), grad_out), torch.autograd.grad(reference, (q, k, v), grad_out)):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
@@ -172,12 +176,12 @@ def test_the_cheap_mask_rounds_p_to_sixteen_bits_and_keeps_the_expectation():
 
 def test_bf16_on_the_cpu_runs_every_torch_backend():
     q, k, v, cu = (x.detach().bfloat16() if x.is_floating_point() else x for x in packed([5, 9, 1]))
-    reference = per_sequence_attention(q.float(), k.float(), v.float(), cu, 0.0)
+    reference = per_sequence_attention(q.float(), k.float(), v.float(), [5, 9, 1], 0.0)
     for backend in ("nested", "per_sequence"):
-        out = varlen_attention(q, k, v, cu, 9, 0.0, backend, 1)
+        out = varlen_attention(q, k, v, cu, 9, 0.0, backend, [5, 9, 1])
         assert out.dtype == torch.bfloat16
         torch.testing.assert_close(out.float(), reference, rtol=2e-2, atol=2e-2)
-        assert varlen_attention(q, k, v, cu, 9, 0.1, backend, 1).dtype == torch.bfloat16
+        assert varlen_attention(q, k, v, cu, 9, 0.1, backend, [5, 9, 1]).dtype == torch.bfloat16
 
 
 def test_cheap_hidden_dropout_drops_scales_and_repeats():
@@ -216,3 +220,25 @@ def test_a_run_asking_for_flash_attn_on_the_cpu_stops_before_training_naming_the
     with pytest.raises(LaunchError, match="^runtime.attention: flash_attn needs ") as raised:
         check_kernels(RuntimeConfig(attention="flash_attn"), torch.device("cpu"))
     assert "\n" not in str(raised.value)
+
+
+@pytest.mark.parametrize("unpadded", [True, False], ids=["unpadded", "padded"])
+def test_a_batch_knows_its_lengths_and_tokens_on_the_host(unpadded):
+    """What a step needs to know of a batch (the lengths for attention, the token count for the
+    progress line) is a host integer set when the batch is made: reading it back from the device
+    would stall the GPU's queue once per layer or per step."""
+    from trainer.data.batch import collate
+    from trainer.data.layout import Sample
+
+    lengths = [7, 3, 12]
+    samples = [Sample(np.arange(5, 5 + n), np.zeros(n, np.int64), np.array([1]), np.array([9]), 0) for n in lengths]
+    batch = collate(samples, unpadded=unpadded).to("meta")  # a device that cannot be read back
+    assert batch.seqlens == (7, 3, 12) and batch.min_seqlen == 3 and batch.max_seqlen == 12
+    assert batch.num_tokens == 22 and batch.num_sequences == 3 and batch.num_masked == 3
+
+
+def test_given_lengths_spare_the_per_sequence_path_reading_the_offsets():
+    q, k, v, cu = packed([5, 9, 1], requires_grad=False)
+    unreadable = torch.empty(4, dtype=torch.int32, device="meta")
+    out = varlen_attention(q, k, v, unreadable, 9, 0.0, "per_sequence", [5, 9, 1])
+    torch.testing.assert_close(out, varlen_attention(q, k, v, cu, 9, 0.0, "per_sequence"))

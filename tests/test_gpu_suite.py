@@ -26,7 +26,8 @@ def test_the_cpu_runnable_checks_pass(suite):
     records = [suite.parity(cpu, SMALL, 3), suite.attention_backends(cpu, 2, 16, 3), suite.precision_steps(cpu, SMALL, 3)]
     assert [r["status"] for r in records] == ["pass", "pass", "pass"], records
     assert max(records[0]["max_abs_logit_diff"].values()) < 1e-5
-    assert set(records[1]["max_abs_diff"]) == {"nested_bfloat16", "nested_float16", "per_sequence_bfloat16", "per_sequence_float16"}
+    assert set(records[1]["max_abs_diff"]) == {f"{backend}_{dtype}" for backend in ("nested", "per_sequence")
+                                               for dtype in ("bfloat16", "float16", "float32")}
     assert records[2]["overflow_skipped"] and records[2]["scale_after_overflow"] == 2.0**15
 
 

@@ -192,6 +192,38 @@ def test_a_compiler_failure_falls_back_to_eager_with_one_warning_line(monkeypatc
                      "torch._inductor.config.cpp.cxx: ('/nonexistent/g++',)); runtime.compile falls back to eager"]
 
 
+def test_the_pointwise_tails_keep_the_gemms_half_precision_under_autocast():
+    """Under autocast the GEMM output is bf16 and the bias fp32: the tails add the bias in bf16, as
+    the eager nn.Linear does, instead of promoting the whole activation to fp32."""
+    from trainer.model import bias_dropout_residual_layer_norm, bias_gelu
+
+    x, bias = torch.randn(4, 8, dtype=torch.bfloat16), torch.randn(8)
+    assert bias_gelu(x, bias).dtype == torch.bfloat16
+    normed = bias_dropout_residual_layer_norm(x, bias, x, torch.ones(8), torch.zeros(8), 1e-12, 0.0, False)
+    assert normed.dtype == torch.bfloat16
+
+
+def test_a_backward_that_fails_to_compile_falls_back_to_eager_too(capfd):
+    """torch compiles a backward lazily, at the first .backward(), outside the guarded forward: the
+    trial pass must meet the failure inside the guard, or training would crash instead."""
+    from torch._dynamo.backends.common import aot_autograd  # torch 2.13 (pinned)
+
+    from trainer.model import Pointwise
+
+    def broken_backward(graph, inputs):
+        raise RuntimeError("no backward kernel today")
+
+    torch.compiler.reset()
+    pointwise = Pointwise(compile=True, backend=aot_autograd(fw_compiler=lambda graph, inputs: graph, bw_compiler=broken_backward))
+    x, bias = torch.randn(6, 8, requires_grad=True), torch.randn(8, requires_grad=True)
+    out = pointwise.bias_gelu(x, bias)
+    out.sum().backward()  # eager's backward: no compiled one left to fail here
+    torch.compiler.reset()
+    torch.testing.assert_close(out, torch.nn.functional.gelu(x + bias))
+    assert pointwise.failed == "RuntimeError: no backward kernel today"
+    assert capfd.readouterr().err.count("warning: torch.compile failed") == 1
+
+
 def test_the_fused_decoder_cross_entropy_equals_torchs_with_gradients():
     """LinearCrossEntropySum never forms the logits' gradient: its loss and the gradients of the
     hidden states, the (tied, padded) decoder weight and the bias must still be torch's."""

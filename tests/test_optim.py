@@ -228,23 +228,53 @@ def test_an_unknown_name_is_an_error_not_adam():
         optim_config("sgd")
 
 
+class FusedLAMB(torch.optim.SGD):
+    """Stand-in for apex's class (apex does not build here): records what it was given."""
+
+    def __init__(self, groups, lr, **kw):
+        super().__init__(groups, lr=lr)
+        self.kw = kw
+
+
+class FusedAdam(FusedLAMB):
+    pass
+
+
+def stand_in_apex(monkeypatch, without: str | None = None) -> None:
+    """apex's modules as sys.modules entries, all but `without` (a CUDA extension left unbuilt)."""
+    modules = {name: types.ModuleType(name) for name in ("apex", "apex.optimizers", "apex.normalization",
+                                                          "amp_C", "fused_layer_norm_cuda")}
+    modules["apex.optimizers"].FusedLAMB, modules["apex.optimizers"].FusedAdam = FusedLAMB, FusedAdam
+    for name, module in modules.items():
+        monkeypatch.setitem(sys.modules, name, None if name == without else module)  # None: ImportError
+
+
 @pytest.mark.parametrize("name", CONFIG_NAMES)
 def test_apex_kernels_are_used_only_for_the_names_apex_has(name, monkeypatch):
-    # apex does not build here: a stand-in module shows which class each name asks it for
-    apex, apex_optimizers = types.ModuleType("apex"), types.ModuleType("apex.optimizers")
-
-    class FusedLAMB(torch.optim.SGD):
-        def __init__(self, groups, lr, **kw):
-            super().__init__(groups, lr=lr)
-
-    class FusedAdam(FusedLAMB):
-        pass
-
-    apex_optimizers.FusedLAMB, apex_optimizers.FusedAdam, apex.optimizers = FusedLAMB, FusedAdam, apex_optimizers
-    monkeypatch.setitem(sys.modules, "apex", apex)
-    monkeypatch.setitem(sys.modules, "apex.optimizers", apex_optimizers)
+    stand_in_apex(monkeypatch)
     opt = build_optimizer(tiny_model(), optim_config(name), use_apex=True, device_type="cuda")
     assert type(opt) is {"lamb": FusedLAMB, "adam": FusedAdam}.get(name, EXPECTED[name])
+
+
+def test_apex_lamb_never_clips(monkeypatch):
+    """apex's LAMB kernel divides the gradients by norm / max_grad_norm when the norm exceeds
+    max_grad_norm (csrc/multi_tensor_lamb.cu). Clipping is ours, before the allreduce: the factor
+    must be 1 for every norm (with max_grad_norm=0 it was infinite, and every gradient zero)."""
+    stand_in_apex(monkeypatch)
+    max_norm = build_optimizer(tiny_model(), optim_config("lamb"), use_apex=True, device_type="cuda").kw["max_grad_norm"]
+    for norm in (0.0, 1.0, 1e30, float("inf")):
+        assert not norm > max_norm  # the kernel's test for clipping
+
+
+def test_apex_without_its_cuda_extensions_is_not_used_and_refused_in_one_line(monkeypatch):
+    from trainer.config import RuntimeConfig
+    from trainer.distributed import LaunchError, check_kernels
+
+    stand_in_apex(monkeypatch, without="amp_C")
+    assert type(build_optimizer(tiny_model(), optim_config("lamb"), use_apex=True, device_type="cuda")) is EXPECTED["lamb"]
+    with pytest.raises(LaunchError, match=r"^runtime.kernels: apex is asked for but amp_C cannot be imported on this node "
+                                          r"\(install NVIDIA apex with its CUDA extensions in the image, or set runtime.kernels=torch\)$"):
+        check_kernels(RuntimeConfig(kernels="apex"), torch.device("cpu"))
 
 
 # ---- every optimizer with the trainer's schedule, clipping, checkpoints and fp16 skips ----------

@@ -5,10 +5,10 @@ sequence offsets, so no work is spent on padding. Three implementations, chosen 
 `runtime.attention` (see `resolve_backend`):
 
 - `flash_attn`: the flash-attention package's varlen kernel (CUDA, fp16/bf16, dropout included);
-- `nested`: SDPA on a jagged NestedTensor built as a view of the packed stream. On CUDA in
-  fp16/bf16 PyTorch runs its own flash kernel on it, dropout and backward included, with no extra
-  package. Elsewhere (the CPU, CUDA fp32 in training) PyTorch falls back to its math kernel
-  through a strided copy of every sequence: correct, but slower than `per_sequence`;
+- `nested`: SDPA on a jagged NestedTensor built as a view of the packed stream. On CUDA PyTorch
+  runs its own fused kernel on it, dropout and backward included, with no extra package: flash in
+  fp16/bf16, memory-efficient in fp32. On the CPU it falls back to its math kernel through a
+  strided copy of every sequence: correct, but slower than `per_sequence`;
 - `per_sequence`: one dense SDPA call per sequence, the reference. On the CPU it is the fastest
   (see benchmarks/attention_backends.py): the dense CPU SDPA is a fused flash kernel; with
   dropout, where CPU SDPA falls back to its math path, `cpu_dropout_attention` does the same
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+from typing import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -52,9 +53,12 @@ def flash_attn_installed() -> bool:
     return _flash_varlen is not None
 
 
-def torch_flash_fits(device_type: str, dtype: torch.dtype, head_dim: int) -> bool:
-    """Whether PyTorch's own flash kernel takes jagged q/k/v of this kind (training included)."""
-    return device_type == "cuda" and dtype in HALF_DTYPES and head_dim % 8 == 0 and head_dim <= 256
+def torch_kernel_fits(device_type: str, dtype: torch.dtype, head_dim: int) -> bool:
+    """Whether one of PyTorch's fused CUDA kernels takes jagged q/k/v of this kind, training and
+    dropout included: flash in fp16/bf16, memory-efficient in fp32 (its dtypes on sm80 and later).
+    Were neither to take them after all, SDPA would run its math kernel: slower, the same result."""
+    return (device_type == "cuda" and dtype in (*HALF_DTYPES, torch.float32)
+            and head_dim % 8 == 0 and head_dim <= 256)
 
 
 @functools.lru_cache(maxsize=64)
@@ -71,7 +75,7 @@ def resolve_backend(requested: str, device_type: str, dtype: torch.dtype, head_d
     if requested == "auto":
         if flash_attn_fits:
             return "flash_attn"
-        if torch_flash_fits(device_type, dtype, head_dim):
+        if torch_kernel_fits(device_type, dtype, head_dim):
             return "nested"
         return "per_sequence"
     if requested == "flash_attn" and not flash_attn_fits:
@@ -102,18 +106,20 @@ def padded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, key_mask
 
 def varlen_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor, max_seqlen: int, dropout_p: float,
-    backend: str = "auto", min_seqlen: int | None = None,
+    backend: str = "auto", seqlens: Sequence[int] = (),
 ) -> torch.Tensor:
     """q, k, v: [T, heads, D] for sequences at offsets `cu_seqlens`; returns [T, heads, D].
 
-    `min_seqlen`, like `max_seqlen`, spares the nested path a device->host copy to find it.
+    `seqlens`, the lengths as host integers (Batch.seqlens), spare the nested and per-sequence
+    paths a device->host copy (a GPU stall) to find them; without them the lengths are read back.
     """
     chosen = resolve_backend(backend, q.device.type, q.dtype, q.shape[-1])
     if chosen == "flash_attn":
         return _flash_varlen(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p=dropout_p)
+    seqlens = seqlens or (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
     if chosen == "nested":
-        return nested_attention(q, k, v, cu_seqlens, max_seqlen, min_seqlen, dropout_p)
-    return per_sequence_attention(q, k, v, cu_seqlens, dropout_p)
+        return nested_attention(q, k, v, cu_seqlens, max_seqlen, min(seqlens), dropout_p)
+    return per_sequence_attention(q, k, v, seqlens, dropout_p)
 
 
 def nested_attention(q, k, v, cu_seqlens, max_seqlen, min_seqlen, dropout_p):
@@ -128,10 +134,10 @@ def nested_attention(q, k, v, cu_seqlens, max_seqlen, min_seqlen, dropout_p):
     return out.transpose(1, 2).values()  # the kernel's [T, h, D] output buffer, no copy
 
 
-def per_sequence_attention(q, k, v, cu_seqlens, dropout_p):
+def per_sequence_attention(q, k, v, lengths: Sequence[int], dropout_p):
     """One dense SDPA per sequence. `split` (not slicing) keeps the backward to one concatenation
     per input instead of a zero-filled full-size gradient per sequence."""
-    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+    lengths = list(lengths)
     if dropout_p > 0.0 and q.device.type == "cpu":
         return cpu_dropout_attention(q, k, v, lengths, dropout_p)
     outputs = []

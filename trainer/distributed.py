@@ -9,6 +9,7 @@ import sys
 import torch
 import torch.distributed as dist
 
+from trainer.apex_kernels import apex_missing
 from trainer.attention import AttentionUnavailable, check_attention
 from trainer.config import RunConfig, RuntimeConfig
 from trainer.dist_env import DistEnv, detect
@@ -63,12 +64,10 @@ def _device(cfg: RunConfig, env: DistEnv) -> torch.device:
 
 def check_kernels(runtime: RuntimeConfig, device: torch.device) -> None:
     """What the run asks of this node's software and GPU, before any rank trains: one line naming the key."""
-    if runtime.kernels == "apex":
-        try:
-            import apex  # noqa: F401
-        except ImportError:
-            raise LaunchError("runtime.kernels: apex is asked for but cannot be imported on this node "
-                              "(install NVIDIA apex in the image, or set runtime.kernels=torch)") from None
+    missing = apex_missing() if runtime.kernels == "apex" else None
+    if missing:
+        raise LaunchError(f"runtime.kernels: apex is asked for but {missing} cannot be imported on this node "
+                          "(install NVIDIA apex with its CUDA extensions in the image, or set runtime.kernels=torch)")
     if device.type == "cuda" and runtime.precision == "bf16" and not torch.cuda.is_bf16_supported():
         raise LaunchError(f"runtime.precision: bf16 is not supported by {torch.cuda.get_device_name(device)} "
                           "(use fp16 or fp32)")

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trainer.apex_kernels import apex_missing
 from trainer.attention import check_backend_name, padded_attention, varlen_attention
 from trainer.config import ModelConfig
 from trainer.data.batch import Batch
@@ -36,14 +37,11 @@ from trainer.mlm_loss import masked_lm_loss_sum, vocab_logits
 
 
 def layer_norm(hidden: int, eps: float, fused: bool) -> nn.Module:
-    """apex's FusedLayerNorm when asked for and importable (same parameters), else torch's."""
-    if fused:
-        try:
-            from apex.normalization import FusedLayerNorm  # type: ignore
+    """apex's FusedLayerNorm when asked for and usable (same parameters), else torch's."""
+    if fused and apex_missing() is None:
+        from apex.normalization import FusedLayerNorm  # type: ignore
 
-            return FusedLayerNorm(hidden, eps=eps)
-        except ImportError:
-            pass
+        return FusedLayerNorm(hidden, eps=eps)
     return nn.LayerNorm(hidden, eps=eps)
 
 
@@ -72,24 +70,15 @@ class BertSelfAttention(nn.Module):
         self.key = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.value = nn.Linear(cfg.hidden_size, cfg.hidden_size)
 
-    def forward(self, x: torch.Tensor, batch: Batch, shortest: int | None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, batch: Batch) -> torch.Tensor:
         dropout = self.dropout_p if self.training else 0.0
         if batch.unpadded:  # x: [T, H]
             q, k, v = (proj(x).view(-1, self.heads, self.head_dim) for proj in (self.query, self.key, self.value))
-            out = varlen_attention(q, k, v, batch.cu_seqlens, batch.max_seqlen, dropout, self.backend, shortest)
+            out = varlen_attention(q, k, v, batch.cu_seqlens, batch.max_seqlen, dropout, self.backend, batch.seqlens)
             return out.reshape(x.shape)
         b, length, hidden = x.shape  # x: [B, L, H]
         q, k, v = (proj(x).view(b, length, self.heads, self.head_dim).transpose(1, 2) for proj in (self.query, self.key, self.value))
         return padded_attention(q, k, v, batch.attention_mask, dropout).transpose(1, 2).reshape(b, length, hidden)
-
-
-def min_seqlen(batch: Batch) -> int:
-    """The shortest sequence of an unpadded batch, which the nested kernel would otherwise find
-    itself, with a device->host copy in every layer."""
-    known = getattr(batch, "min_seqlen", None)  # set by the collate function once Batch carries it
-    if known:
-        return int(known)
-    return int((batch.cu_seqlens[1:] - batch.cu_seqlens[:-1]).min())
 
 
 class Pointwise:
@@ -97,12 +86,16 @@ class Pointwise:
 
     Compiled, each is one fused kernel forward and one backward instead of 3-4 passes over the
     activations. A failure to compile (no C++ compiler, an unsupported op, ...) switches the
-    model to eager for good, with one warning line: the maths is the same.
+    model to eager for good, with one warning line: the maths is the same. torch compiles a
+    backward only when it first runs, outside any forward, so the first call of each function
+    is a trial forward and backward on copies of its inputs (the RNG state restored after it):
+    both compilations fail, or not, inside the guard.
     """
 
     def __init__(self, compile: bool, backend="inductor"):
         self.compiled = compile
         self.failed: str | None = None  # why compiling failed
+        self.tried: set = set()  # the compiled functions whose trial passed
         if compile:  # shapes dynamic: the token count changes every step
             self._bias_gelu = torch.compile(bias_gelu, dynamic=True, backend=backend)
             self._residual_ln = torch.compile(bias_dropout_residual_layer_norm, dynamic=True, backend=backend)
@@ -117,12 +110,23 @@ class Pointwise:
     def _guarded(self, compiled, eager, *args):
         if self.failed is None:
             try:
+                if compiled not in self.tried:
+                    _trial_forward_backward(compiled, args)
+                    self.tried.add(compiled)
                 return compiled(*args)
             except Exception as e:  # noqa: BLE001 - whatever broke the compiler, eager computes the same
                 self.failed = _root_cause(e)
                 print(f"warning: torch.compile failed ({self.failed}); runtime.compile falls back to eager",
                       file=sys.stderr, flush=True)
         return eager(*args)
+
+
+def _trial_forward_backward(function, args) -> None:
+    """Run function and its backward on detached copies of the tensor arguments."""
+    copies = [a.detach().clone().requires_grad_(a.is_floating_point()) if isinstance(a, torch.Tensor) else a for a in args]
+    devices = [a.device for a in copies if isinstance(a, torch.Tensor) and a.device.type == "cuda"][:1]
+    with torch.random.fork_rng(devices=devices), torch.enable_grad():
+        function(*copies).float().sum().backward()
 
 
 def _root_cause(error: BaseException) -> str:
@@ -132,12 +136,14 @@ def _root_cause(error: BaseException) -> str:
     return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:200]}"
 
 
+# bias.to(x.dtype): under autocast x is the GEMM's bf16/fp16 output and the bias fp32 (the eager
+# nn.Linear adds it in the GEMM's dtype); x + bias would promote the whole activation to fp32
 def bias_gelu(x, bias):
-    return F.gelu(x + bias)
+    return F.gelu(x + bias.to(x.dtype))
 
 
 def bias_dropout_residual_layer_norm(x, bias, residual, weight, norm_bias, eps: float, p: float, training: bool):
-    return F.layer_norm(F.dropout(x + bias, p, training) + residual, weight.shape, weight, norm_bias, eps)
+    return F.layer_norm(F.dropout(x + bias.to(x.dtype), p, training) + residual, weight.shape, weight, norm_bias, eps)
 
 
 class BertSelfOutput(nn.Module):
@@ -163,8 +169,8 @@ class BertAttention(nn.Module):
         self.self = BertSelfAttention(cfg, backend)
         self.output = BertSelfOutput(cfg, fused, cfg.hidden_size, pointwise)
 
-    def forward(self, x, batch, shortest):
-        return self.output(self.self(x, batch, shortest), x)
+    def forward(self, x, batch):
+        return self.output(self.self(x, batch), x)
 
 
 class BertIntermediate(nn.Module):
@@ -186,8 +192,8 @@ class BertLayer(nn.Module):
         self.intermediate = BertIntermediate(cfg, pointwise)
         self.output = BertSelfOutput(cfg, fused, cfg.intermediate_size, pointwise)
 
-    def forward(self, x, batch, shortest):
-        x = self.attention(x, batch, shortest)
+    def forward(self, x, batch):
+        x = self.attention(x, batch)
         return self.output(self.intermediate(x), x)
 
 
@@ -196,9 +202,9 @@ class BertEncoder(nn.Module):
         super().__init__()
         self.layer = nn.ModuleList(BertLayer(cfg, fused, backend, pointwise) for _ in range(cfg.num_layers))
 
-    def forward(self, x, batch, shortest=None):
+    def forward(self, x, batch):
         for layer in self.layer:
-            x = layer(x, batch, shortest)
+            x = layer(x, batch)
         return x
 
 
@@ -216,7 +222,6 @@ class BertModel(nn.Module):
         super().__init__()
         self.embeddings = BertEmbeddings(cfg, fused)
         self.encoder = BertEncoder(cfg, fused, backend, pointwise or Pointwise(compile=False))
-        self.attention_backend = backend
         self.pooler = BertPooler(cfg)
 
     def forward(self, batch: Batch) -> torch.Tensor:
@@ -226,9 +231,7 @@ class BertModel(nn.Module):
         else:
             positions = torch.arange(batch.input_ids.shape[1], device=batch.input_ids.device).expand_as(batch.input_ids)
         x = self.embeddings(batch.input_ids, batch.segment_ids, positions)
-        # once per step, not per layer: only the nested kernel needs it
-        shortest = min_seqlen(batch) if batch.unpadded and self.attention_backend in ("auto", "nested") else None
-        x = self.encoder(x, batch, shortest)
+        x = self.encoder(x, batch)
         return x.reshape(-1, x.shape[-1])
 
 

@@ -26,6 +26,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from trainer.apex_kernels import apex_missing
 from trainer.config import OptimConfig
 
 NO_DECAY = ("bias", "gamma", "beta", "LayerNorm")
@@ -206,9 +207,11 @@ def _acclip(groups: list[dict], cfg: OptimConfig, device_type: str) -> torch.opt
 def _apex_lamb(groups: list[dict], cfg: OptimConfig) -> torch.optim.Optimizer:
     from apex.optimizers import FusedLAMB  # type: ignore
 
-    # max_grad_norm=0: clipping happens before the allreduce (trainer/gradients.py), not in LAMB
+    # No clipping inside LAMB: it happens before the allreduce (trainer/gradients.py). apex scales the
+    # gradients by norm / max_grad_norm when the norm exceeds it: with 0 that divides them by
+    # infinity (every update would be weight decay alone); with infinity the factor is always 1.
     return FusedLAMB(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.epsilon, weight_decay=cfg.weight_decay,
-                     max_grad_norm=0.0, use_nvlamb=False)
+                     max_grad_norm=float("inf"), use_nvlamb=False)
 
 
 def _apex_adam(groups: list[dict], cfg: OptimConfig) -> torch.optim.Optimizer:
@@ -229,17 +232,9 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, use_apex: bool, device_t
     if cfg.name not in BUILDERS:
         raise ValueError(f"optim.name: no optimizer named {cfg.name!r}; expected one of {', '.join(BUILDERS)}")
     groups = parameter_groups(model, cfg.weight_decay)
-    if use_apex and cfg.name in APEX_BUILDERS and _apex_importable():
+    if use_apex and cfg.name in APEX_BUILDERS and apex_missing() is None:
         return APEX_BUILDERS[cfg.name](groups, cfg)
     return BUILDERS[cfg.name](groups, cfg, device_type)
-
-
-def _apex_importable() -> bool:
-    try:
-        import apex.optimizers  # type: ignore  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def nvidia_lr(update: int, cfg: OptimConfig) -> float:
@@ -290,7 +285,12 @@ def take_step(optimizer: torch.optim.Optimizer, scaler: "torch.amp.GradScaler | 
     if scaler is None:
         optimizer.step()
         return False
-    before = scaler.get_scale()
+    before = loss_scale(scaler, next(p.device for g in optimizer.param_groups for p in g["params"]))
     scaler.step(optimizer)
     scaler.update()
-    return scaler.get_scale() < before
+    return bool(loss_scale(scaler, before.device) < before)  # the step's one read of the device (fp16 only)
+
+
+def loss_scale(scaler: "torch.amp.GradScaler", device: torch.device) -> torch.Tensor:
+    """The current loss scale as a device tensor; get_scale() would copy it to the host (a GPU stall)."""
+    return scaler.scale(torch.ones((), device=device))

@@ -90,7 +90,8 @@ def memory_gb(device: torch.device) -> float:
 
 
 # dense bf16/fp16 tensor-core peaks, TFLOP/s (the SXM parts)
-PEAK_TFLOPS = {"A100": 312.0, "H100": 989.0, "H200": 989.0, "B200": 2250.0}
+# dense bf16, vendor datasheets; the first name the GPU's contains wins (the PCIe card before the SXM)
+PEAK_TFLOPS = {"A100": 312.0, "H100 PCIe": 756.0, "H100": 989.0, "H200": 989.0, "B200": 2250.0}
 
 
 def peak_tflops(device_name: str) -> float | None:

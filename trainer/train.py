@@ -38,7 +38,7 @@ from trainer.exchange import Exchange
 from trainer.gradients import GradientSync
 from trainer.mlperf import RunLogger
 from trainer.model import BertForPreTraining
-from trainer.optim import build_optimizer, learning_rate, set_learning_rate, take_step
+from trainer.optim import build_optimizer, learning_rate, loss_scale, set_learning_rate, take_step
 from trainer.progress import Tally, append_json_line, global_sums, progress_line, progress_record
 from trainer.weights import WeightsError, load_pretrained_file, tf_variable_names
 
@@ -171,9 +171,9 @@ class Trainer:
         # the same whatever the rank count and however exchange padding distributes the samples. The
         # counts stay on the device: the normalisation needs no host sync.
         local = torch.tensor([[b.num_masked, b.num_sequences] for b in micro_batches], dtype=torch.float32).sum(0)
-        masked, sequences = distributed.all_reduce_sum(local.to(self.device))
+        masked, sequences = distributed.all_reduce_sum(local.to(self.device, non_blocking=True))
         world = self.env.world_size  # DDP averages gradients over ranks: undo that division
-        scale = self.scaler.get_scale() if self.scaler else 1.0
+        scale = loss_scale(self.scaler, self.device) if self.scaler else 1.0
         self.grads.set_scale(scale)
         tally = Tally(self.device)
         for i, batch in enumerate(micro_batches):
@@ -182,7 +182,7 @@ class Trainer:
             tally.add(mlm, nsp, batch.num_masked, batch.num_sequences, batch.num_tokens)
         self.grads.finish(scale)
         skipped = take_step(self.optimizer, self.scaler)
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad()  # set_to_none, torch's default; apex's zero_grad takes no argument
         return Step(tally, lr, skipped, self.global_sequences(sequences), time.perf_counter() - started)
 
     def forward_backward(self, batch: Batch, mlm_weight, nsp_weight, context) -> tuple[torch.Tensor, torch.Tensor]:
@@ -292,7 +292,7 @@ class Trainer:
             mine = self.exchange(samples) if self.exchange else samples
             batch = collate(mine, unpadded=self.cfg.runtime.unpad).to(self.device)
             self.forward_backward(batch, 1e-3, 1e-3, contextlib.nullcontext())  # DDP reduces: the real collectives
-            self.optimizer.zero_grad(set_to_none=True)
+            self.optimizer.zero_grad()
         set_rng_state(saved)
         self.say(f"warm-up: {passes} forward/backward pass(es) at length {self.cfg.data.max_seq_length}")
 

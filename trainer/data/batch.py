@@ -29,7 +29,10 @@ class Batch:
     attention_mask: torch.Tensor | None = None  # [B, L] bool, padded form only
     position_ids: torch.Tensor | None = None  # [T] restarting at 0 per sequence, unpadded form only
     cu_seqlens: torch.Tensor | None = None  # [S + 1] int32 sequence offsets, unpadded form only
+    # known on the host when the batch is made, so that no step copies them back from the device
     max_seqlen: int = 0
+    seqlens: tuple[int, ...] = ()  # every sequence's length
+    tokens: int = 0  # real tokens
 
     @property
     def unpadded(self) -> bool:
@@ -45,9 +48,11 @@ class Batch:
 
     @property
     def num_tokens(self) -> int:
-        if self.unpadded:
-            return int(self.input_ids.numel())
-        return int(self.attention_mask.sum())
+        return self.tokens
+
+    @property
+    def min_seqlen(self) -> int:
+        return min(self.seqlens)
 
     def to(self, device: torch.device | str) -> "Batch":
         moved = {f.name: getattr(self, f.name) for f in fields(self)}
@@ -83,6 +88,8 @@ def _collate_padded(samples: Sequence[Sample], pad_to: int | None) -> Batch:
         nsp_labels=torch.tensor([s.next_sentence_label for s in samples], dtype=torch.int64),
         first_tokens=torch.arange(n, dtype=torch.int64) * width,
         max_seqlen=width,
+        seqlens=tuple(lengths.tolist()),
+        tokens=int(lengths.sum()),
     )
 
 
@@ -95,6 +102,8 @@ def _collate_unpadded(samples: Sequence[Sample]) -> Batch:
         position_ids=torch.from_numpy(np.concatenate([np.arange(n) for n in lengths]).astype(np.int64)),
         cu_seqlens=torch.from_numpy(offsets.astype(np.int32)),
         max_seqlen=int(lengths.max()),
+        seqlens=tuple(lengths.tolist()),
+        tokens=int(lengths.sum()),
         mlm_positions=torch.from_numpy(
             np.concatenate([o + s.masked_lm_positions for o, s in zip(offsets[:-1], samples)]).astype(np.int64)),
         mlm_labels=torch.from_numpy(np.concatenate([s.masked_lm_ids for s in samples]).astype(np.int64)),
