@@ -14,6 +14,8 @@ Checks (each passes, fails with its one-line reason, or is skipped saying why):
   `optim.clip` mode and the warm-up (bucket-wise clipping in a one-rank NCCL DDP group, the others
   without a process group), then the MLPerf path once more in fp16 (the dynamic loss scaler), with
   apex's kernels where usable and `runtime.compile`;
+- steady state: the loop's training steps (Trainer.train_step, in this process) under CUDA's sync
+  debug mode: every device->host copy counted and located; bf16 without packing must make none;
 - apex: FusedLayerNorm and FusedLAMB against the PyTorch path (their updates, not just the
   weights), when apex and its CUDA extensions import;
 - throughput: BERT-large phase 2 (lengths from the Wikipedia histogram, at most 76 masked per
@@ -252,6 +254,62 @@ def trainer_runs(device: torch.device, precision: str) -> dict:
     return {"backend": backend, "precision": precision, "runs": results}
 
 
+@check("steady state: the real loop's training steps, every device->host copy counted (CUDA sync debug mode)")
+def steady_state_syncs(device: torch.device, precision: str, steps: int = 5) -> dict:
+    """Trainer.train_step, in this process, after the warm-up and 3 steps (lazy initialisation may
+    sync), with CUDA's sync debug mode warning on every synchronising call: where each one came from.
+    bf16 / fp32 without packing must make none; fp16 reads its overflow flag once a step (the
+    schedule must know whether the update happened) and packing its global sequence count."""
+    import warnings
+
+    from gloo import free_port
+    from synthetic import tiny_run_config
+
+    from trainer import distributed
+    from trainer.config import load_run_config
+    from trainer.train import RunArgs, Trainer
+
+    runtime = {"device": device.type, "backend": "nccl" if device.type == "cuda" else "gloo", "unpad": True,
+               "nccl_warmup_steps": 2}
+    cases = {f"bucket_{precision}": ({"clip": "bucket"}, {"precision": precision}, {}),
+             f"local_{precision}_packed": ({"clip": "local"}, {"precision": precision}, {"packing": True})}
+    if device.type == "cuda":
+        cases["bucket_fp16"] = ({"clip": "bucket"}, {"precision": "fp16"}, {})
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    results = {}
+    for label, (optim, changes, balance) in cases.items():
+        os.environ["MASTER_PORT"] = str(free_port())
+        with tempfile.TemporaryDirectory(prefix="bertctl-gpu-suite-") as tmp:
+            config = tiny_run_config(Path(tmp), optim=optim, runtime={**runtime, **changes}, balance=balance,
+                                     mlperf={"division": "open"})
+            trainer = Trainer(load_run_config(str(config)), RunArgs(config=str(config), out=str(Path(tmp) / "out")))
+            try:
+                trainer.warm_up()
+                for _ in range(3):
+                    trainer.count(trainer.train_step(trainer.next_micro_batches()))
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    if device.type == "cuda":
+                        torch.cuda.set_sync_debug_mode("warn")
+                    try:
+                        for _ in range(steps):
+                            trainer.count(trainer.train_step(trainer.next_micro_batches()))
+                    finally:
+                        if device.type == "cuda":
+                            torch.cuda.set_sync_debug_mode("default")
+            finally:
+                trainer.close()
+                distributed.close()
+        syncs = [w for w in caught if "synchroniz" in str(w.message)]
+        where = sorted({f"{Path(w.filename).name}:{w.lineno}" for w in syncs})
+        results[label] = {"syncs_per_step": round(len(syncs) / steps, 2), "where": where}
+    if device.type != "cuda":
+        return {"runs": results, "note": "no CUDA here: the steps ran, the syncs were not counted"}
+    clean = results[f"bucket_{precision}"]["syncs_per_step"]
+    assert clean == 0, f"bucket_{precision}: {clean} device->host copies per step at {results[f'bucket_{precision}']['where']}"
+    return {"runs": results}
+
+
 @check("apex: FusedLayerNorm and FusedLAMB against the PyTorch path")
 def apex_paths(device: torch.device, cfg: ModelConfig, n: int) -> dict:
     missing = apex_missing()
@@ -370,6 +428,7 @@ def main() -> int:
         attention_backends(device, 2, 64, 4)
         precision_steps(device, small, 4)
         trainer_runs(device, "fp32" if device.type == "cpu" else "bf16")
+        steady_state_syncs(device, "fp32" if device.type == "cpu" else "bf16")
         apex_paths(device, small, 4)
         throughput(device, small, 4, 2)
     else:
@@ -378,6 +437,7 @@ def main() -> int:
         attention_backends(device, 16, 64, 64)
         precision_steps(device, large, 32)
         trainer_runs(device, "bf16")
+        steady_state_syncs(device, "bf16")
         apex_paths(device, large, 16)
         throughput(device, large, 32, 20)
     report = {"suite": "bertctl gpu_suite", "quick": args.quick, "environment": env, "checks": RESULTS,

@@ -31,6 +31,14 @@ def test_the_cpu_runnable_checks_pass(suite):
     assert records[2]["overflow_skipped"] and records[2]["scale_after_overflow"] == 2.0**15
 
 
+def test_the_steady_state_check_drives_the_real_loop(suite):
+    """On the CPU nothing can be counted (sync debug mode is CUDA's), but the check's use of the
+    trainer (in-process Trainer, warm-up, train_step with and without packing) must still run."""
+    record = suite.steady_state_syncs(torch.device("cpu"), "fp32", steps=2)
+    assert record["status"] == "pass", record
+    assert set(record["runs"]) == {"bucket_fp32", "local_fp32_packed"} and "not counted" in record["note"]
+
+
 def test_a_check_that_finds_a_difference_fails_with_its_reason(suite, monkeypatch):
     real = suite.load_pretrained
 
