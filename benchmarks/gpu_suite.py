@@ -258,8 +258,10 @@ def trainer_runs(device: torch.device, precision: str) -> dict:
 def steady_state_syncs(device: torch.device, precision: str, steps: int = 5) -> dict:
     """Trainer.train_step, in this process, after the warm-up and 3 steps (lazy initialisation may
     sync), with CUDA's sync debug mode warning on every synchronising call: where each one came from.
-    bf16 / fp32 without packing must make none; fp16 reads its overflow flag once a step (the
-    schedule must know whether the update happened) and packing its global sequence count."""
+    bf16 / fp32 without packing must make none; fp16 reads the device at least twice a step (its
+    overflow flag: the schedule must know whether the update happened) and packing its global
+    sequence count. Syncs inside the backward are reported at autograd's Python frame, not their
+    source: the count is right, the place is autograd's."""
     import warnings
 
     from gloo import free_port

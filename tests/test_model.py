@@ -224,6 +224,25 @@ def test_a_backward_that_fails_to_compile_falls_back_to_eager_too(capfd):
     assert capfd.readouterr().err.count("warning: torch.compile failed") == 1
 
 
+def test_the_compile_trial_builds_the_graph_training_then_uses():
+    """The trial's copies keep Parameter-ness and requires_grad, which dynamo guards on: the real
+    call reuses the trial's graph (one compilation), so its backward was compiled inside the guard."""
+    from trainer.model import Pointwise
+
+    graphs = []
+
+    def counting(graph, inputs):
+        graphs.append(graph)
+        return graph.forward
+
+    torch.compiler.reset()
+    pointwise = Pointwise(compile=True, backend=counting)
+    x, bias = torch.randn(6, 8, requires_grad=True), torch.nn.Parameter(torch.randn(8))
+    pointwise.bias_gelu(x, bias).sum().backward()
+    torch.compiler.reset()
+    assert len(graphs) == 1 and pointwise.failed is None
+
+
 def test_the_fused_decoder_cross_entropy_equals_torchs_with_gradients():
     """LinearCrossEntropySum never forms the logits' gradient: its loss and the gradients of the
     hidden states, the (tied, padded) decoder weight and the bias must still be torch's."""

@@ -111,7 +111,10 @@ def set_rng_state(state: dict) -> None:
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"], torch.cuda.current_device())
+        mine = state["cuda"]
+        if isinstance(mine, list):  # written before 2026-11-24: every visible GPU's state
+            mine = mine[torch.cuda.current_device()]
+        torch.cuda.set_rng_state(mine, torch.cuda.current_device())
 
 
 def write_model(path: str | Path, model: torch.nn.Module) -> Path:

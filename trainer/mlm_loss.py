@@ -85,7 +85,9 @@ class LinearCrossEntropySum(torch.autograd.Function):
 class LogitsBuffers:
     """Reusable [rows, vocab] buffers for LinearCrossEntropySum. A buffer is taken by a forward and
     given back by its backward, so two forwards in flight never share one; a forward whose backward
-    never runs (no_grad) just leaves its buffer to the garbage collector."""
+    never runs (no_grad) just leaves its buffer to the garbage collector. One limit: a graph kept
+    for a second backward (retain_graph=True) must not see another forward in between; autograd
+    then refuses the second backward (its saved logits were modified in place), loudly."""
 
     def __init__(self):
         self.free: list[torch.Tensor] = []

@@ -122,11 +122,20 @@ class Pointwise:
 
 
 def _trial_forward_backward(function, args) -> None:
-    """Run function and its backward on detached copies of the tensor arguments."""
-    copies = [a.detach().clone().requires_grad_(a.is_floating_point()) if isinstance(a, torch.Tensor) else a for a in args]
+    """Run function and its backward on detached copies of the tensor arguments. The copies keep
+    each argument's type (Parameter or not) and requires_grad: dynamo guards on both, and a trial
+    graph that differs from the real one would leave the real backward's compilation unguarded."""
+    copies = [_copy_like(a) if isinstance(a, torch.Tensor) else a for a in args]
     devices = [a.device for a in copies if isinstance(a, torch.Tensor) and a.device.type == "cuda"][:1]
     with torch.random.fork_rng(devices=devices), torch.enable_grad():
         function(*copies).float().sum().backward()
+
+
+def _copy_like(tensor: torch.Tensor) -> torch.Tensor:
+    copy = tensor.detach().clone()
+    if isinstance(tensor, nn.Parameter):
+        return nn.Parameter(copy, requires_grad=tensor.requires_grad)
+    return copy.requires_grad_(tensor.requires_grad)
 
 
 def _root_cause(error: BaseException) -> str:

@@ -288,7 +288,9 @@ def take_step(optimizer: torch.optim.Optimizer, scaler: "torch.amp.GradScaler | 
     before = loss_scale(scaler, next(p.device for g in optimizer.param_groups for p in g["params"]))
     scaler.step(optimizer)
     scaler.update()
-    return bool(loss_scale(scaler, before.device) < before)  # the step's one read of the device (fp16 only)
+    # fp16 only: the schedule must know whether the update happened, so the step reads the device
+    # here (and GradScaler.step reads its overflow flag for optimizers that do not take the scale)
+    return bool(loss_scale(scaler, before.device) < before)
 
 
 def loss_scale(scaler: "torch.amp.GradScaler", device: torch.device) -> torch.Tensor:
