@@ -20,7 +20,8 @@ Checks (each passes, fails with its one-line reason, or is skipped saying why):
   weights), when apex and its CUDA extensions import;
 - throughput: BERT-large phase 2 (lengths from the Wikipedia histogram, at most 76 masked per
   sequence), bf16, in this one process: Hugging Face padded to 512 (SDPA) against ours unpadded,
-  eager and with `runtime.compile`; sequences/s, MFU (real-token training FLOPs over the GPU's dense
+  eager and with `runtime.compile`, and ours packed (48 rows of at most 2 sequences per step, the
+  H100 recipe's micro-batch, compiled); sequences/s, MFU (real-token training FLOPs over the GPU's dense
   bf16 peak, named in the output) and peak memory.
 
 The last line printed is one JSON object with the machine, the versions and every figure; `--out
@@ -50,6 +51,7 @@ sys.path[:0] = [str(REPO), str(REPO / "tests")]
 
 from trainer.apex_kernels import apex_missing  # noqa: E402
 from trainer.attention import AttentionUnavailable, flash_attn_installed, varlen_attention  # noqa: E402
+from trainer.balance import pack_sequences  # noqa: E402
 from trainer.config import ModelConfig, OptimConfig  # noqa: E402
 from trainer.data.batch import collate  # noqa: E402
 from trainer.data.histogram import sample_lengths  # noqa: E402
@@ -346,19 +348,20 @@ def apex_paths(device: torch.device, cfg: ModelConfig, n: int) -> dict:
             "max_relative_update_diff": float(f"{update_error:.3g}")}
 
 
-@check("throughput: BERT-large phase 2, bf16, Hugging Face padded vs ours unpadded (eager, compiled)")
-def throughput(device: torch.device, cfg: ModelConfig, n: int, steps: int) -> dict:
+@check("throughput: BERT-large phase 2, bf16, Hugging Face padded vs ours unpadded (eager, compiled) and packed")
+def throughput(device: torch.device, cfg: ModelConfig, n: int, steps: int, packs: int) -> dict:
+    """n sequences per step (Hugging Face padded, ours unpadded), and ours packed: `packs` rows of at
+    most 2 sequences and 512 tokens per step, best-fit packed (NVIDIA's H100 recipe: 48 per GPU)."""
     rng = np.random.default_rng(6)
     batches = [make_samples(n, rng, cfg.vocab_size) for _ in range(steps + 3)]  # 3 warm-up steps
     mean_len = float(np.mean([len(s.input_ids) for b in batches for s in b]))
     masked = float(np.mean([len(s.masked_lm_positions) for b in batches for s in b]))
-    flops = flops_per_sequence(cfg, mean_len, masked)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
     peak = peak_tflops(name) if device.type == "cuda" else None
-    figures = {"batch": n, "mean_length": round(mean_len, 1), "masked_per_sequence": round(masked, 1),
+    figures = {"batch": n, "packs": packs, "mean_length": round(mean_len, 1), "masked_per_sequence": round(masked, 1),
                "peak_tflops_bf16_dense": peak, "gpu": name}
 
-    def measure(label: str, model, step) -> None:
+    def measure(label: str, model, step, batches=batches) -> None:
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
@@ -372,8 +375,11 @@ def throughput(device: torch.device, cfg: ModelConfig, n: int, steps: int) -> di
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
         synchronize(device)
-        seq_per_s = n * steps / (time.perf_counter() - started)
-        figures[label] = {"seq_per_s": round(seq_per_s, 1),
+        timed = [s for b in batches[3:] for s in b]
+        seq_per_s = len(timed) / (time.perf_counter() - started)
+        flops = flops_per_sequence(cfg, np.mean([len(s.input_ids) for s in timed]),
+                                   np.mean([len(s.masked_lm_positions) for s in timed]))
+        figures[label] = {"seq_per_s": round(seq_per_s, 1), "sequences_per_step": round(len(timed) / steps, 1),
                           "mfu": round(seq_per_s * flops / (peak * 1e12), 4) if peak else None,
                           "peak_memory_gb": round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if device.type == "cuda" else None}
         print(f"  {label}: {figures[label]}", flush=True)
@@ -393,9 +399,18 @@ def throughput(device: torch.device, cfg: ModelConfig, n: int, steps: int) -> di
     compiled = BertForPreTraining(cfg, compile=True).to(device).train()
     measure("ours_unpadded_compiled", compiled, ours_step)
     figures["compile_failed"] = compiled.bert.encoder.layer[0].intermediate.pointwise.failed  # then it ran eager
+    measure("ours_packed_compiled", compiled, ours_step, packed_batches(rng, cfg.vocab_size, packs, steps + 3))
     hf = figures["hugging_face_padded_sdpa"]["seq_per_s"]
-    figures["speedup_vs_hf"] = {k: round(figures[k]["seq_per_s"] / hf, 2) for k in ("ours_unpadded", "ours_unpadded_compiled")}
+    figures["speedup_vs_hf"] = {k: round(figures[k]["seq_per_s"] / hf, 2)
+                                for k in ("ours_unpadded", "ours_unpadded_compiled", "ours_packed_compiled")}
     return figures
+
+
+def packed_batches(rng: np.random.Generator, vocab: int, packs: int, steps: int) -> list[list[Sample]]:
+    """`steps` batches of `packs` best-fit packs (at most 2 sequences, 512 tokens each), in pack order."""
+    pool = make_samples(2 * packs * steps, rng, vocab)
+    rows = pack_sequences(np.array([len(s.input_ids) for s in pool]), 512, 2)
+    return [[pool[i] for row in rows[k * packs:(k + 1) * packs] for i in row] for k in range(steps)]
 
 
 # ---- the suite -------------------------------------------------------------------------------
@@ -432,7 +447,7 @@ def main() -> int:
         trainer_runs(device, "fp32" if device.type == "cpu" else "bf16")
         steady_state_syncs(device, "fp32" if device.type == "cpu" else "bf16")
         apex_paths(device, small, 4)
-        throughput(device, small, 4, 2)
+        throughput(device, small, 4, 2, 3)
     else:
         base = ModelConfig(num_layers=4, hidden_size=768, num_heads=12, intermediate_size=3072, vocab_size=30522)
         parity(device, base, 16)
@@ -441,7 +456,7 @@ def main() -> int:
         trainer_runs(device, "bf16")
         steady_state_syncs(device, "bf16")
         apex_paths(device, large, 16)
-        throughput(device, large, 32, 20)
+        throughput(device, large, 32, 20, 48)
     report = {"suite": "bertctl gpu_suite", "quick": args.quick, "environment": env, "checks": RESULTS,
               "passed": all(r["status"] != "fail" for r in RESULTS)}
     if args.out:
