@@ -175,3 +175,55 @@ def test_once_skips_a_phase_whose_final_model_exists(tmp_path):
     stamp = final.stat().st_mtime_ns
     again = trainer("--config", str(config), "--out", str(tmp_path / "out"), "--once")
     assert again.returncode == 0 and "exists: skipped" in again.stdout and final.stat().st_mtime_ns == stamp
+
+
+def test_packed_steps_read_their_sequence_counts_only_where_a_decision_needs_them(tmp_path, monkeypatch):
+    """With packing a step's global sequence count is only known on the device; reading it back
+    every step would stall the GPU's queue. The loop reads the unread counts only when an
+    evaluation or the sample limit may be due (or to report), and still evaluates and stops at the
+    same steps as exact per-step counting would."""
+    from gloo import free_port
+
+    from trainer import distributed
+    from trainer.config import load_run_config
+    from trainer.train import RunArgs, Trainer, UnreadSamples
+
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    config = tiny_run_config(tmp_path, balance={"packing": True, "pack_sequences": 2, "pack_window": 64},
+                             runtime={"unpad": True}, optim={"max_steps": 30},
+                             train={"global_batch_size": 16, "log_every_steps": 1000, "eval_every_samples": 90,
+                                    "max_samples_termination": 100_000, "target_accuracy": 0.99})
+    trainer = Trainer(load_run_config(str(config)), RunArgs(config=str(config), out=str(tmp_path / "out")))
+    per_step, evaluated_at, reads = [], [], []
+    next_micro_batches, evaluate, read = trainer.next_micro_batches, trainer.evaluate, UnreadSamples.read
+
+    def counting_batches():
+        batches = next_micro_batches()
+        per_step.append(sum(b.num_sequences for b in batches))
+        return batches
+
+    def recording_evaluate():
+        evaluated_at.append(trainer.state.samples)
+        evaluate()
+
+    def counted_read(self):
+        reads.append(len(self.counts))
+        return read(self)
+
+    monkeypatch.setattr(trainer, "next_micro_batches", counting_batches)
+    monkeypatch.setattr(trainer, "evaluate", recording_evaluate)
+    monkeypatch.setattr(UnreadSamples, "read", counted_read)
+    try:
+        assert trainer.run() == 0
+    finally:
+        trainer.close()
+        distributed.close()
+    total, next_eval, expected_evals = 0, 90, []
+    for count in per_step:  # the loop's rule, with exact counts after every step
+        total += count
+        if total >= next_eval:
+            expected_evals.append(total)
+            next_eval += 90
+    assert len(per_step) == 30 and trainer.state.samples == total == sum(per_step)
+    assert evaluated_at == expected_evals and len(expected_evals) >= 3
+    assert sum(reads) == 30 and len([r for r in reads if r]) < 30 // 2  # many steps' counts per read

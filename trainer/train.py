@@ -74,8 +74,33 @@ class Step:
     tally: Tally  # this rank's sums (on the device until the progress line is due)
     lr: float
     skipped: bool
-    sequences: int  # trained in this step by all ranks (the global batch; varies when packing)
+    # trained in this step by all ranks: the global batch, or with packing (where it varies) the
+    # all-reduced count, left on the device (see UnreadSamples)
+    sequences: int | torch.Tensor
     seconds: float = 0.0  # data + compute, evaluation excluded
+
+
+class UnreadSamples:
+    """Packed steps' global sequence counts, still on the device: reading each one back would stall
+    the GPU's queue once a step. The loop reads them (all at once) only where it needs the exact
+    sample count: when an evaluation or the sample limit could be due by an upper bound (each step
+    trained at most `per_step` sequences), and before a report, a checkpoint or the end."""
+
+    def __init__(self, per_step: int):
+        self.per_step = per_step
+        self.counts: list[torch.Tensor] = []
+
+    @property
+    def bound(self) -> int:
+        return len(self.counts) * self.per_step
+
+    def add(self, count: torch.Tensor) -> None:
+        self.counts.append(count)
+
+    def read(self) -> int:
+        total = int(torch.stack(self.counts).sum()) if self.counts else 0
+        self.counts = []
+        return total
 
 
 class Trainer:
@@ -111,6 +136,7 @@ class Trainer:
                                    cfg.runtime.unpad, self.device, vocab_size=cfg.model.vocab_size,
                                    max_positions=cfg.model.max_position_embeddings) if cfg.data.eval_dir else None
         self.state = LoopState(next_eval=cfg.train.eval_start_samples or cfg.train.eval_interval)
+        self.unread = UnreadSamples(most_sequences_per_step(cfg))
         self.stop = StopSignal()
         self.metrics = (out / "metrics" / f"run_{args.run_index}.jsonl") if self.rank0 else None
         self.resumed = self.resume()
@@ -195,22 +221,36 @@ class Trainer:
             (self.scaler.scale(loss) if self.scaler else loss).backward()
         return mlm, nsp
 
-    def global_sequences(self, counted: torch.Tensor) -> int:
+    def global_sequences(self, counted: torch.Tensor) -> int | torch.Tensor:
         """Sequences trained by all ranks in a step: the global batch, known without asking the device,
-        except with packing, where the number of sequences per pack varies."""
+        except with packing, where the number of sequences per pack varies: then the device's count."""
         if not self.cfg.balance.packing:
             return self.cfg.train.global_batch_size
-        return int(counted)
+        return counted
 
     def count(self, step: Step) -> None:
         if step.skipped:
             self.state.skipped += 1  # the schedule repeats this update's learning rate
             return
         self.state.updates += 1
-        self.state.samples += step.sequences
+        if isinstance(step.sequences, torch.Tensor):
+            self.unread.add(step.sequences)
+        else:
+            self.state.samples += step.sequences
+
+    def samples_reach(self, threshold: int) -> bool:
+        """state.samples >= threshold, reading the unread counts only if their bound says it may be."""
+        if self.state.samples + self.unread.bound < threshold:
+            return False
+        self.settle()
+        return self.state.samples >= threshold
+
+    def settle(self) -> None:
+        """Make state.samples exact (reads the device when packed steps' counts are unread)."""
+        self.state.samples += self.unread.read()
 
     def eval_due(self, step: Step) -> bool:
-        return self.evaluator is not None and not step.skipped and self.state.samples >= self.state.next_eval
+        return self.evaluator is not None and not step.skipped and self.samples_reach(self.state.next_eval)
 
     def evaluate(self) -> None:
         """Close the block with an evaluation; open the next block unless the target is reached."""
@@ -232,7 +272,7 @@ class Trainer:
         s, t = self.state, self.cfg.train
         if s.accuracy is not None and s.accuracy >= t.target_accuracy:
             return "success"
-        if s.samples >= t.max_samples_termination or s.updates >= self.cfg.optim.max_steps:
+        if self.samples_reach(t.max_samples_termination) or s.updates >= self.cfg.optim.max_steps:
             return "aborted"
         return None
 
@@ -245,6 +285,7 @@ class Trainer:
         return bool(every) and self.state.status is None and not step.skipped and self.state.updates % every == 0
 
     def finish(self) -> int:
+        self.settle()
         s = self.state
         if s.block_start < s.samples:  # a block the run ended in without an eval
             self.mllog.block_stop(s.block_start, s.samples)
@@ -266,6 +307,7 @@ class Trainer:
 
     def report(self, window: list[Step]) -> None:
         """Progress line and metrics for the last steps: the one place the loop waits for the device."""
+        self.settle()
         total = Tally(self.device)
         for step in window:
             total += step.tally
@@ -304,6 +346,7 @@ class Trainer:
         return REQUEUE_EXIT_CODE
 
     def save_checkpoint(self) -> None:
+        self.settle()
         shared = {
             "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler else None, "state": asdict(self.state),
@@ -341,6 +384,15 @@ class Trainer:
     def close(self) -> None:
         self.data.close()
         self.mllog.close()
+
+
+def most_sequences_per_step(cfg: RunConfig) -> int:
+    """An upper bound on the sequences of one step. With packing and no pack_sequences limit the
+    global batch counts rows, and a row holds at most max_seq_length // 2 sequences (each has at
+    least [CLS] and [SEP])."""
+    if cfg.balance.packing and not cfg.balance.pack_sequences:
+        return cfg.train.global_batch_size * max(cfg.data.max_seq_length // 2, 1)
+    return cfg.train.global_batch_size
 
 
 def build_model(cfg: RunConfig, device: torch.device) -> BertForPreTraining:
