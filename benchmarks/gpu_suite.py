@@ -276,7 +276,7 @@ def steady_state_syncs(device: torch.device, precision: str, steps: int = 5) -> 
     runtime = {"device": device.type, "backend": "nccl" if device.type == "cuda" else "gloo", "unpad": True,
                "nccl_warmup_steps": 2}
     cases = {f"bucket_{precision}": ({"clip": "bucket"}, {"precision": precision}, {}),
-             f"local_{precision}_packed": ({"clip": "local"}, {"precision": precision}, {"packing": True})}
+             f"local_{precision}_packed": ({"clip": "local"}, {"precision": precision}, {"packing": True, "pack_sequences": 2})}
     if device.type == "cuda":
         cases["bucket_fp16"] = ({"clip": "bucket"}, {"precision": "fp16"}, {})
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -284,7 +284,10 @@ def steady_state_syncs(device: torch.device, precision: str, steps: int = 5) -> 
     for label, (optim, changes, balance) in cases.items():
         os.environ["MASTER_PORT"] = str(free_port())
         with tempfile.TemporaryDirectory(prefix="bertctl-gpu-suite-") as tmp:
-            config = tiny_run_config(Path(tmp), optim=optim, runtime={**runtime, **changes}, balance=balance,
+            # no evaluation or sample limit near: the loop's decisions then need no count from the device
+            train = {"global_batch_size": 8 * balance.get("pack_sequences", 1), "eval_every_samples": 10**6,
+                     "max_samples_termination": 10**7}
+            config = tiny_run_config(Path(tmp), optim=optim, runtime={**runtime, **changes}, balance=balance, train=train,
                                      mlperf={"division": "open"})
             trainer = Trainer(load_run_config(str(config)), RunArgs(config=str(config), out=str(Path(tmp) / "out")))
             try:
@@ -296,8 +299,10 @@ def steady_state_syncs(device: torch.device, precision: str, steps: int = 5) -> 
                     if device.type == "cuda":
                         torch.cuda.set_sync_debug_mode("warn")
                     try:
-                        for _ in range(steps):
-                            trainer.count(trainer.train_step(trainer.next_micro_batches()))
+                        for _ in range(steps):  # the loop's own calls, evaluation and reports aside
+                            step = trainer.train_step(trainer.next_micro_batches())
+                            trainer.count(step)
+                            assert not trainer.eval_due(step) and trainer.stop_decision() is None
                     finally:
                         if device.type == "cuda":
                             torch.cuda.set_sync_debug_mode("default")

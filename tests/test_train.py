@@ -177,11 +177,13 @@ def test_once_skips_a_phase_whose_final_model_exists(tmp_path):
     assert again.returncode == 0 and "exists: skipped" in again.stdout and final.stat().st_mtime_ns == stamp
 
 
-def test_packed_steps_read_their_sequence_counts_only_where_a_decision_needs_them(tmp_path, monkeypatch):
+@pytest.mark.parametrize("limit", ["max_steps", "max_samples"])
+def test_packed_steps_read_their_sequence_counts_only_where_a_decision_needs_them(tmp_path, monkeypatch, limit):
     """With packing a step's global sequence count is only known on the device; reading it back
     every step would stall the GPU's queue. The loop reads the unread counts only when an
     evaluation or the sample limit may be due (or to report), and still evaluates and stops at the
-    same steps as exact per-step counting would."""
+    same steps as exact per-step counting would: at max_steps, or at a sample limit that no step
+    boundary hits exactly."""
     from gloo import free_port
 
     from trainer import distributed
@@ -190,9 +192,10 @@ def test_packed_steps_read_their_sequence_counts_only_where_a_decision_needs_the
 
     monkeypatch.setenv("MASTER_PORT", str(free_port()))
     config = tiny_run_config(tmp_path, balance={"packing": True, "pack_sequences": 2, "pack_window": 64},
-                             runtime={"unpad": True}, optim={"max_steps": 30},
+                             runtime={"unpad": True}, optim={"max_steps": 30 if limit == "max_steps" else 1000},
                              train={"global_batch_size": 16, "log_every_steps": 1000, "eval_every_samples": 90,
-                                    "max_samples_termination": 100_000, "target_accuracy": 0.99})
+                                    "max_samples_termination": 100_000 if limit == "max_steps" else 301,
+                                    "target_accuracy": 0.99})
     trainer = Trainer(load_run_config(str(config)), RunArgs(config=str(config), out=str(tmp_path / "out")))
     per_step, evaluated_at, reads = [], [], []
     next_micro_batches, evaluate, read = trainer.next_micro_batches, trainer.evaluate, UnreadSamples.read
@@ -218,12 +221,26 @@ def test_packed_steps_read_their_sequence_counts_only_where_a_decision_needs_the
     finally:
         trainer.close()
         distributed.close()
-    total, next_eval, expected_evals = 0, 90, []
-    for count in per_step:  # the loop's rule, with exact counts after every step
-        total += count
+    total, next_eval, expected_evals, steps = 0, 90, [], 0
+    for count in per_step:  # the loop's rules, with exact counts after every step
+        total, steps = total + count, steps + 1
         if total >= next_eval:
             expected_evals.append(total)
             next_eval += 90
-    assert len(per_step) == 30 and trainer.state.samples == total == sum(per_step)
+        if total >= 301 and limit == "max_samples":
+            break
+    assert steps == len(per_step) and trainer.state.samples == total == sum(per_step)
+    assert len(per_step) == 30 if limit == "max_steps" else total - per_step[-1] < 301 <= total
     assert evaluated_at == expected_evals and len(expected_evals) >= 3
-    assert sum(reads) == 30 and len([r for r in reads if r]) < 30 // 2  # many steps' counts per read
+    assert sum(reads) == len(per_step) and len([r for r in reads if r]) < len(per_step) // 2  # many steps per read
+
+
+def test_unread_sample_counts_add_up_exactly_past_float32s_integers():
+    """The per-step counts are float32 (exact); their sum must not be: 257 x 65,535 = 16,842,495
+    is odd and above 2**24, where float32 keeps only even integers."""
+    from trainer.train import UnreadSamples
+
+    unread = UnreadSamples(per_step=65_536)
+    for _ in range(257):
+        unread.add(torch.tensor(65_535.0))
+    assert unread.bound == 257 * 65_536 and unread.read() == 16_842_495 and unread.bound == 0

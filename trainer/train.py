@@ -98,7 +98,8 @@ class UnreadSamples:
         self.counts.append(count)
 
     def read(self) -> int:
-        total = int(torch.stack(self.counts).sum()) if self.counts else 0
+        # int64: the counts are float32 (exact per step), their sum would not be past 2**24
+        total = int(torch.stack(self.counts).to(torch.int64).sum()) if self.counts else 0
         self.counts = []
         return total
 
@@ -387,11 +388,12 @@ class Trainer:
 
 
 def most_sequences_per_step(cfg: RunConfig) -> int:
-    """An upper bound on the sequences of one step. With packing and no pack_sequences limit the
-    global batch counts rows, and a row holds at most max_seq_length // 2 sequences (each has at
-    least [CLS] and [SEP])."""
+    """An upper bound on the sequences of one step: the global batch, which with packing counts
+    rows x pack_sequences. Without a pack_sequences limit it counts rows, and a row of
+    max_seq_length tokens holds at most that many sequences: a bound so loose that the loop reads
+    the counts nearly every step (set balance.pack_sequences, as the packed recipes do)."""
     if cfg.balance.packing and not cfg.balance.pack_sequences:
-        return cfg.train.global_batch_size * max(cfg.data.max_seq_length // 2, 1)
+        return cfg.train.global_batch_size * cfg.data.max_seq_length
     return cfg.train.global_batch_size
 
 
