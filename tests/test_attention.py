@@ -1,5 +1,9 @@
 """Variable-length attention: every backend against the per-sequence reference, and the selection rules."""
 
+import os
+import signal
+import threading
+
 import numpy as np
 import pytest
 import torch
@@ -7,7 +11,6 @@ import torch
 from trainer.attention import (
     AttentionUnavailable,
     check_attention,
-    cpu_dropout_attention,
     flash_attn_installed,
     nested_attention,
     padded_attention,
@@ -15,6 +18,7 @@ from trainer.attention import (
     resolve_backend,
     varlen_attention,
 )
+from trainer.cpu_attention import dropout_attention
 from trainer.dropout import dropout, dropout_noise, dropout_threshold
 
 HEADS, DIM = 4, 16
@@ -156,11 +160,99 @@ def test_the_cpu_dropout_path_is_the_reference_when_nothing_is_dropped():
     q, k, v, cu = packed(LENGTHS)
     lengths = (cu[1:] - cu[:-1]).tolist()
     grad_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(2))
-    ours = cpu_dropout_attention(q, k, v, lengths, 1e-9)  # rounds to 0 of 65536: keeps everything
+    ours = dropout_attention(q, k, v, lengths, 1e-9)  # rounds to 0 of 65536: keeps everything
     reference = per_sequence_attention(q, k, v, lengths, 0.0)
     torch.testing.assert_close(ours, reference, rtol=1e-5, atol=1e-6)
     for a, b in zip(torch.autograd.grad(ours, (q, k, v), grad_out), torch.autograd.grad(reference, (q, k, v), grad_out)):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def reference_dropout_attention(q, k, v, lengths, p, seed):
+    """The maths written out, one sequence after another, sequence i's mask from the stream (seed, i)."""
+    outputs = []
+    for i, (qs, ks, vs) in enumerate(zip(q.split(lengths), k.split(lengths), v.split(lengths))):
+        qs, ks, vs = (x.transpose(0, 1) for x in (qs, ks, vs))
+        weights = torch.softmax(qs @ ks.transpose(1, 2) / qs.shape[-1] ** 0.5, dim=-1)
+        kept = dropout_noise(weights.numel(), p, seed=(seed, i)).view(weights.shape)
+        outputs.append(((weights * kept) @ vs).transpose(0, 1))
+    return torch.cat(outputs)
+
+
+@pytest.fixture
+def two_threads():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # the workers' pool; CI's machine has 2 cores
+    yield
+    torch.set_num_threads(threads)
+
+
+def attention_and_grads(q, k, v, lengths, grad_out, seed=7):
+    torch.manual_seed(seed)
+    out = dropout_attention(q, k, v, lengths, 0.1)
+    return (out, *torch.autograd.grad(out, (q, k, v), grad_out))
+
+
+def test_the_cpu_dropout_path_drops_each_sequence_with_its_own_stream_forward_and_backward(two_threads):
+    q, k, v, cu = packed(LENGTHS)
+    grad_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(2))
+    ours = attention_and_grads(q, k, v, LENGTHS, grad_out)
+    torch.manual_seed(7)
+    seed = int(torch.randint(0, 2**62, (1,)))
+    expected = reference_dropout_attention(q, k, v, LENGTHS, 0.1, seed)
+    expected = (expected, *torch.autograd.grad(expected, (q, k, v), grad_out))
+    for a, b in zip(ours, expected):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    undropped = per_sequence_attention(q, k, v, LENGTHS, 0.0)
+    assert (ours[0] - undropped).abs().max() > 0.1  # the masks were applied
+
+
+def test_the_cpu_dropout_path_gives_the_same_bits_on_one_thread_and_on_the_workers(two_threads):
+    """The workers run the sequences in whatever order they take them: the results must not show it."""
+    q, k, v, cu = packed(LENGTHS)
+    grad_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(2))
+    on_workers = attention_and_grads(q, k, v, LENGTHS, grad_out)
+    assert any(t.name.startswith("cpu-attention") for t in threading.enumerate())
+    torch.set_num_threads(1)
+    inline = attention_and_grads(q, k, v, LENGTHS, grad_out)
+    assert all(torch.equal(a, b) for a, b in zip(on_workers, inline))
+    with torch.no_grad():
+        torch.manual_seed(7)
+        assert torch.equal(dropout_attention(q, k, v, LENGTHS, 0.1), inline[0])
+
+
+def test_the_workers_take_the_callers_autocast(two_threads):
+    q, k, v, cu = packed([40, 3, 17])
+    results = []
+    for threads in (2, 1):
+        torch.set_num_threads(threads)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            results.append(attention_and_grads(q, k, v, [40, 3, 17], torch.ones(q.shape)))
+    assert results[0][0].dtype == torch.bfloat16
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
+def test_a_forked_child_gets_workers_of_its_own(two_threads):
+    """The child has the parent's pool object but none of its threads: a stale pool would hang it."""
+    q, k, v, cu = packed([30, 20])
+    parent = attention_and_grads(q, k, v, [30, 20], torch.ones(q.shape))
+    child = os.fork()
+    if child == 0:
+        signal.alarm(60)
+        try:
+            same = all(torch.equal(a, b) for a, b in zip(attention_and_grads(q, k, v, [30, 20], torch.ones(q.shape)), parent))
+        finally:
+            os._exit(0 if same else 1)
+    _, status = os.waitpid(child, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_the_fast_mask_keeps_the_sixteen_bit_lane_rule():
+    """Lanes of the 64-bit draws below the threshold are dropped (the rule written with torch ops)."""
+    lanes = torch.from_numpy(np.random.PCG64DXSM(11).random_raw(2500).view(np.int64)).view(torch.int16)[:9999]
+    threshold, kept = dropout_threshold(0.1)
+    expected = torch.where(lanes < threshold, 0.0, torch.tensor(1 / kept, dtype=torch.float32).item())
+    assert torch.equal(dropout_noise(9999, 0.1, seed=11), expected)
+    assert torch.equal(dropout_noise(9999, 0.1, torch.bfloat16, seed=11), expected.bfloat16())
 
 
 def test_the_cheap_mask_rounds_p_to_sixteen_bits_and_keeps_the_expectation():

@@ -11,8 +11,8 @@ sequence offsets, so no work is spent on padding. Three implementations, chosen 
   strided copy of every sequence: correct, but slower than `per_sequence`;
 - `per_sequence`: one dense SDPA call per sequence, the reference. On the CPU it is the fastest
   (see benchmarks/attention_backends.py): the dense CPU SDPA is a fused flash kernel; with
-  dropout, where CPU SDPA falls back to its math path, `cpu_dropout_attention` does the same
-  maths with a four times cheaper dropout mask.
+  dropout, where CPU SDPA falls back to its math path, trainer/cpu_attention.py does the same
+  maths with a cheaper dropout mask, one sequence per core.
 
 `auto` takes the first that has a fused kernel for the device and dtype, in that order.
 """
@@ -26,7 +26,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from trainer.dropout import dropout_noise
+from trainer.cpu_attention import dropout_attention
 
 # The nested math fallback (CPU, CUDA fp32) converts our jagged tensors to the strided layout
 # internally, and torch then recommends the jagged layout we already use: noise in a training log.
@@ -139,27 +139,10 @@ def per_sequence_attention(q, k, v, lengths: Sequence[int], dropout_p):
     per input instead of a zero-filled full-size gradient per sequence."""
     lengths = list(lengths)
     if dropout_p > 0.0 and q.device.type == "cpu":
-        return cpu_dropout_attention(q, k, v, lengths, dropout_p)
+        return dropout_attention(q, k, v, lengths, dropout_p)
     outputs = []
     for qs, ks, vs in zip(q.split(lengths), k.split(lengths), v.split(lengths)):
         # [L, heads, D] -> [1, heads, L, D]
         qs, ks, vs = (x.transpose(0, 1).unsqueeze(0) for x in (qs, ks, vs))
         outputs.append(F.scaled_dot_product_attention(qs, ks, vs, dropout_p=dropout_p)[0].transpose(0, 1))
-    return torch.cat(outputs)
-
-
-def cpu_dropout_attention(q, k, v, lengths: list[int], dropout_p: float) -> torch.Tensor:
-    """Per-sequence attention with dropout on the CPU, where SDPA leaves its fused kernel for a
-    math path that draws one random number per attention weight (bernoulli_, ~14 ns each: most
-    of attention's time). Here the same maths takes the masks of all sequences from one call of
-    the cheap generator in trainer/dropout.py: 1.6x faster than SDPA's math path, forward and
-    backward (benchmarks/attention_backends.py)."""
-    heads, scale = q.shape[1], q.shape[-1] ** -0.5
-    sizes = [heads * n * n for n in lengths]
-    noise = dropout_noise(sum(sizes), dropout_p, q.dtype).split(sizes)
-    outputs = []
-    for qs, ks, vs, kept in zip(q.split(lengths), k.split(lengths), v.split(lengths), noise):
-        qs, ks, vs = (x.transpose(0, 1) for x in (qs, ks, vs))  # [heads, L, D]
-        weights = torch.softmax(torch.bmm(qs * scale, ks.transpose(1, 2)), dim=-1)
-        outputs.append(torch.bmm(weights * kept.view(weights.shape), vs).transpose(0, 1))
     return torch.cat(outputs)
