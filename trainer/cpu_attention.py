@@ -29,29 +29,31 @@ _pool_lock = threading.Lock()
 
 
 def dropout_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: Sequence[int], dropout_p: float) -> torch.Tensor:
-    """q, k, v: [T, heads, D] holding sequences of `lengths`; returns softmax(q k^T / sqrt(D)), dropped, times v: [T, heads, D]."""
+    """q, k, v: [T, heads, D] holding sequences of `lengths`; per sequence softmax(q k^T / sqrt(D)),
+    dropped, times v: [T, heads, D]."""
     lengths, seed = tuple(lengths), draw_seed()
     if torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v)):
         return _SequenceParallelAttention.apply(q, k, v, lengths, dropout_p, seed)
-    parts = _sequences(q, k, v, lengths, dropout_p, seed)
-    return torch.cat([out for _, out in _run(partial_graph(False), parts, lengths)])
+    return torch.cat(_run(_attend, _sequences(q, k, v, lengths, dropout_p, seed), lengths))
 
 
 def _sequences(q, k, v, lengths, dropout_p, seed) -> list[tuple]:
     return [(qs, ks, vs, dropout_p, (seed, i)) for i, (qs, ks, vs) in enumerate(zip(q.split(lengths), k.split(lengths), v.split(lengths)))]
 
 
-def partial_graph(record: bool) -> Callable:
-    """One sequence's attention; with `record`, on leaves of its own so that its backward can run alone."""
-    def one_sequence(q, k, v, dropout_p, stream):
-        with torch.set_grad_enabled(record):
-            if record:
-                q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
-            qh, kh, vh = (x.transpose(0, 1) for x in (q, k, v))  # [heads, L, D]
-            weights = torch.softmax(torch.bmm(qh * qh.shape[-1] ** -0.5, kh.transpose(1, 2)), dim=-1)
-            kept = dropout_noise(weights.numel(), dropout_p, weights.dtype, seed=stream).view(weights.shape)
-            return (q, k, v), torch.bmm(weights * kept, vh).transpose(0, 1)
-    return one_sequence
+def _attend(q, k, v, dropout_p: float, stream: tuple[int, int]) -> torch.Tensor:
+    """One sequence: q, k, v [L, heads, D]; its mask from the random stream `stream`."""
+    qh, kh, vh = (x.transpose(0, 1) for x in (q, k, v))  # [heads, L, D]
+    weights = torch.softmax(torch.bmm(qh * qh.shape[-1] ** -0.5, kh.transpose(1, 2)), dim=-1)
+    kept = dropout_noise(weights.numel(), dropout_p, weights.dtype, seed=stream).view(weights.shape)
+    return torch.bmm(weights * kept, vh).transpose(0, 1)
+
+
+def _attend_on_own_leaves(q, k, v, dropout_p, stream):
+    """_attend recorded from leaves of its own, so that the sequence's backward can run alone, on a worker."""
+    with torch.enable_grad():
+        leaves = tuple(x.detach().requires_grad_() for x in (q, k, v))
+        return leaves, _attend(*leaves, dropout_p, stream)
 
 
 def _backward_one(leaves, out, grad_out):
@@ -61,9 +63,9 @@ def _backward_one(leaves, out, grad_out):
 class _SequenceParallelAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, lengths, dropout_p, seed):
-        graphs = _run(partial_graph(True), _sequences(q, k, v, lengths, dropout_p, seed), lengths)
-        ctx.graphs, ctx.lengths = graphs, lengths
-        return torch.cat([out.detach() for _, out in graphs])
+        ctx.graphs = _run(_attend_on_own_leaves, _sequences(q, k, v, lengths, dropout_p, seed), lengths)
+        ctx.lengths = lengths
+        return torch.cat([out.detach() for _, out in ctx.graphs])
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -78,16 +80,16 @@ def _run(fn: Callable, items: list[tuple], sizes: Sequence[int]) -> list:
     workers = _workers()
     if workers is None:
         return [fn(*item) for item in items]
-    caller_autocast = torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")
+    mode = torch.is_grad_enabled(), torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")
     order = sorted(range(len(items)), key=lambda i: -sizes[i])
-    futures = {i: workers.submit(_in_autocast, caller_autocast, fn, items[i]) for i in order}
+    futures = {i: workers.submit(_in_callers_mode, mode, fn, items[i]) for i in order}
     return [futures[i].result() for i in range(len(items))]
 
 
-def _in_autocast(autocast: tuple[bool, torch.dtype], fn: Callable, item: tuple):
-    """Autocast state is per thread: a worker takes the caller's (bf16 training on the CPU)."""
-    enabled, dtype = autocast
-    with torch.autocast("cpu", dtype=dtype, enabled=enabled):
+def _in_callers_mode(mode: tuple[bool, bool, torch.dtype], fn: Callable, item: tuple):
+    """Grad mode and autocast are per thread: a worker takes the caller's (bf16 training on the CPU)."""
+    grad, autocast, dtype = mode
+    with torch.set_grad_enabled(grad), torch.autocast("cpu", dtype=dtype, enabled=autocast):
         return fn(*item)
 
 
