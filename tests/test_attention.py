@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from trainer import cpu_attention
 from trainer.attention import (
     AttentionUnavailable,
     check_attention,
@@ -212,12 +213,44 @@ def test_the_cpu_dropout_path_gives_the_same_bits_on_one_thread_and_on_the_worke
     grad_out = torch.randn(q.shape, generator=torch.Generator().manual_seed(2))
     on_workers = attention_and_grads(q, k, v, LENGTHS, grad_out)
     assert any(t.name.startswith("cpu-attention") for t in threading.enumerate())
+    assert_thread_counts_left_alone()
     torch.set_num_threads(1)
     inline = attention_and_grads(q, k, v, LENGTHS, grad_out)
     assert all(torch.equal(a, b) for a, b in zip(on_workers, inline))
     with torch.no_grad():
         torch.manual_seed(7)
         assert torch.equal(dropout_attention(q, k, v, LENGTHS, 0.1), inline[0])
+
+
+def assert_thread_counts_left_alone():
+    """Workers run on one thread each; the caller, and threads started later, keep the caller's count."""
+    assert cpu_attention._run(torch.get_num_threads, [(), ()], [1, 1]) == [1, 1]
+    assert torch.get_num_threads() == 2
+    later = []
+    thread = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
+    thread.start()
+    thread.join()
+    assert later == [2]
+
+
+def test_the_workers_take_the_callers_grad_mode_and_report_their_errors(two_threads):
+    with torch.no_grad():
+        assert cpu_attention._run(torch.is_grad_enabled, [(), ()], [1, 1]) == [False, False]
+    assert cpu_attention._run(torch.is_grad_enabled, [(), ()], [1, 1]) == [True, True]
+
+    def fails(n):
+        raise ValueError(f"sequence {n}")
+
+    with pytest.raises(ValueError, match="sequence"):
+        cpu_attention._run(fails, [(1,), (2,)], [1, 2])
+
+
+def test_a_second_backward_through_the_cpu_dropout_path_says_why_it_fails(two_threads):
+    q, k, v, cu = packed([30, 20])
+    out = dropout_attention(q, k, v, [30, 20], 0.1).sum()
+    out.backward(retain_graph=True)
+    with pytest.raises(RuntimeError, match="a second time"):
+        out.backward()
 
 
 def test_the_workers_take_the_callers_autocast(two_threads):
@@ -238,6 +271,7 @@ def test_a_forked_child_gets_workers_of_its_own(two_threads):
     child = os.fork()
     if child == 0:
         signal.alarm(60)
+        same = False
         try:
             same = all(torch.equal(a, b) for a, b in zip(attention_and_grads(q, k, v, [30, 20], torch.ones(q.shape)), parent))
         finally:

@@ -21,10 +21,11 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Sequence
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from trainer.dropout import draw_seed, dropout_noise
 
-_pool: tuple[int, int, ThreadPoolExecutor] | None = None  # (pid, workers, pool)
+_pool: tuple[int, ThreadPoolExecutor] | None = None  # (workers, pool)
 _pool_lock = threading.Lock()
 
 
@@ -61,6 +62,8 @@ def _backward_one(leaves, out, grad_out):
 
 
 class _SequenceParallelAttention(torch.autograd.Function):
+    """The sequences' graphs (and their outputs, one more [T, heads, D] per layer) live until backward."""
+
     @staticmethod
     def forward(ctx, q, k, v, lengths, dropout_p, seed):
         ctx.graphs = _run(_attend_on_own_leaves, _sequences(q, k, v, lengths, dropout_p, seed), lengths)
@@ -68,9 +71,12 @@ class _SequenceParallelAttention(torch.autograd.Function):
         return torch.cat([out.detach() for _, out in ctx.graphs])
 
     @staticmethod
+    @once_differentiable  # the workers' backward records no graph: no second-order gradients
     def backward(ctx, grad_out):
+        if not hasattr(ctx, "graphs"):
+            raise RuntimeError("Trying to backward through the CPU dropout attention a second time: its graphs are freed after the first")
         graphs, lengths = ctx.graphs, ctx.lengths
-        del ctx.graphs  # the sequences' graphs are single-use, like autograd's own
+        del ctx.graphs  # single-use, like autograd's own buffers
         grads = _run(_backward_one, [(leaves, out, g) for (leaves, out), g in zip(graphs, grad_out.split(lengths))], lengths)
         return (*(torch.cat(per_input) for per_input in zip(*grads)), None, None, None)
 
@@ -87,25 +93,39 @@ def _run(fn: Callable, items: list[tuple], sizes: Sequence[int]) -> list:
 
 
 def _in_callers_mode(mode: tuple[bool, bool, torch.dtype], fn: Callable, item: tuple):
-    """Grad mode and autocast are per thread: a worker takes the caller's (bf16 training on the CPU)."""
+    """Grad mode and autocast are per thread: a worker takes the caller's (bf16 training on the CPU).
+    Autocast is set, not entered: leaving a torch.autocast block clears the process-wide cache of
+    cast weights, which the caller's forward is still using. (Other thread-local modes, such as
+    saved-tensor hooks or dispatch modes, do not reach the workers; nothing here uses them.)"""
     grad, autocast, dtype = mode
-    with torch.set_grad_enabled(grad), torch.autocast("cpu", dtype=dtype, enabled=autocast):
+    torch.set_autocast_enabled("cpu", autocast)
+    torch.set_autocast_dtype("cpu", dtype)
+    with torch.set_grad_enabled(grad):
         return fn(*item)
 
 
 def _workers() -> ThreadPoolExecutor | None:
-    """A pool of torch.get_num_threads() single-threaded workers (None for one thread); made anew
-    when the thread count changes, and in a forked child, which has the pool object but not its threads."""
+    """A pool of torch.get_num_threads() single-threaded workers (None for one thread), made anew
+    when the thread count changes."""
     global _pool
     threads = torch.get_num_threads()
     if threads == 1:
         return None
     with _pool_lock:
-        if _pool is None or _pool[:2] != (os.getpid(), threads):
-            if _pool is not None and _pool[0] == os.getpid():
-                _pool[2].shutdown(wait=False)
-            _pool = os.getpid(), threads, _single_threaded_pool(threads)
-        return _pool[2]
+        if _pool is None or _pool[0] != threads:
+            if _pool is not None:
+                _pool[1].shutdown(wait=False)
+            _pool = threads, _single_threaded_pool(threads)
+        return _pool[1]
+
+
+def _forget_the_parents_pool() -> None:
+    """A forked child has the pool object but not its threads (and maybe a lock held by one)."""
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_the_parents_pool)
 
 
 def _single_threaded_pool(threads: int) -> ThreadPoolExecutor:
@@ -114,8 +134,8 @@ def _single_threaded_pool(threads: int) -> ThreadPoolExecutor:
     started = threading.Barrier(threads + 1)
     pool = ThreadPoolExecutor(threads, thread_name_prefix="cpu-attention", initializer=_one_thread)
     for _ in range(threads):
-        pool.submit(started.wait)
-    started.wait()
+        pool.submit(started.wait, timeout=60)
+    started.wait(timeout=60)  # a worker that cannot start breaks the barrier instead of hanging the step
     torch.set_num_threads(threads)
     return pool
 
