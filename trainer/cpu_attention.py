@@ -106,7 +106,8 @@ def _in_callers_mode(mode: tuple[bool, bool, torch.dtype], fn: Callable, item: t
 
 def _workers() -> ThreadPoolExecutor | None:
     """A pool of torch.get_num_threads() single-threaded workers (None for one thread), made anew
-    when the thread count changes."""
+    when the thread count changes. One pool per process: callers on several threads with different
+    thread counts would replace it under each other (bertctl calls attention from one thread)."""
     global _pool
     threads = torch.get_num_threads()
     if threads == 1:
