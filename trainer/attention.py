@@ -11,8 +11,8 @@ sequence offsets, so no work is spent on padding. Three implementations, chosen 
   strided copy of every sequence: correct, but slower than `per_sequence`;
 - `per_sequence`: one dense SDPA call per sequence, the reference. On the CPU it is the fastest
   (see benchmarks/attention_backends.py): the dense CPU SDPA is a fused flash kernel; with
-  dropout, where CPU SDPA falls back to its math path, trainer/cpu_attention.py does the same
-  maths with a cheaper dropout mask, one sequence per core.
+  dropout, where CPU SDPA falls back to its math path, `cpu_dropout_attention` does the same
+  maths with a cheaper dropout mask.
 
 `auto` takes the first that has a fused kernel for the device and dtype, in that order.
 """
@@ -26,7 +26,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from trainer.cpu_attention import dropout_attention
+from trainer.dropout import draw_seed, dropout_noise
 
 # The nested math fallback (CPU, CUDA fp32) converts our jagged tensors to the strided layout
 # internally, and torch then recommends the jagged layout we already use: noise in a training log.
@@ -139,10 +139,29 @@ def per_sequence_attention(q, k, v, lengths: Sequence[int], dropout_p):
     per input instead of a zero-filled full-size gradient per sequence."""
     lengths = list(lengths)
     if dropout_p > 0.0 and q.device.type == "cpu":
-        return dropout_attention(q, k, v, lengths, dropout_p)
+        return cpu_dropout_attention(q, k, v, lengths, dropout_p)
     outputs = []
     for qs, ks, vs in zip(q.split(lengths), k.split(lengths), v.split(lengths)):
         # [L, heads, D] -> [1, heads, L, D]
         qs, ks, vs = (x.transpose(0, 1).unsqueeze(0) for x in (qs, ks, vs))
         outputs.append(F.scaled_dot_product_attention(qs, ks, vs, dropout_p=dropout_p)[0].transpose(0, 1))
+    return torch.cat(outputs)
+
+
+def cpu_dropout_attention(q, k, v, lengths: Sequence[int], dropout_p: float) -> torch.Tensor:
+    """Per-sequence attention with dropout on the CPU, where SDPA leaves its fused kernel for a
+    math path that draws one random number per attention weight with bernoulli_ (most of
+    attention's time there). The same maths here takes its masks from trainer/dropout.py: one seed
+    per call from torch's generator, sequence i's mask from the stream (seed, i).
+
+    The sequences run one after another, each op on all intra-op threads. (A pool of one-thread
+    workers, one sequence each, was 4 to 7 % faster on a 2-core machine and was taken out: it ran
+    autograd on threads of its own inside the backward, and a CI run hung beside it.)"""
+    seed, scale = draw_seed(), q.shape[-1] ** -0.5
+    outputs = []
+    for i, (qs, ks, vs) in enumerate(zip(q.split(lengths), k.split(lengths), v.split(lengths))):
+        qs, ks, vs = (x.transpose(0, 1) for x in (qs, ks, vs))  # [heads, L, D]
+        weights = torch.softmax(torch.bmm(qs * scale, ks.transpose(1, 2)), dim=-1)
+        kept = dropout_noise(weights.numel(), dropout_p, weights.dtype, seed=(seed, i)).view(weights.shape)
+        outputs.append(torch.bmm(weights * kept, vs).transpose(0, 1))
     return torch.cat(outputs)
