@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal, Optional
 
 from pydantic import AfterValidator, Field, StringConstraints, ValidationError, model_validator
 
-from orchestrator import configfile, resources
+from orchestrator import configfile
 from trainer.config import ConfigProblem, DataConfig, OptimConfig, RunConfig, RuntimeConfig, Section, TrainConfig, first_problem
 
 
@@ -298,8 +298,11 @@ def cluster_problems(c: ClusterConfig) -> list[ConfigProblem]:
         problems.append(ConfigProblem("name", f"must be letters, digits, '_', '.' or '-', got {c.name!r}"))
     if c.executor == "local":
         problems += local_executor_problems(c)
-    if c.prepare.dataset and not any((d / f"{c.prepare.dataset}.yaml").is_file() for d in resources.search_dirs("datasets")):
-        problems.append(ConfigProblem("prepare.dataset", f"no dataset manifest named '{c.prepare.dataset}' (see bertctl data list)"))
+    # a name among the manifests found, not a path to stat: a name too long for the file system
+    # raised there, and '../x' reached files outside the manifest folders
+    if c.prepare.dataset and c.prepare.dataset not in configfile.named_files("datasets"):
+        problems.append(ConfigProblem("prepare.dataset", f"no dataset manifest named {configfile.clip(c.prepare.dataset)!r} "
+                                                         "(see bertctl data list)"))
     if c.prepare.phase1 is not None:
         if not c.run.train.init_checkpoint:
             problems.append(ConfigProblem("prepare.phase1", "writes run.train.init_checkpoint, which is not set"))

@@ -42,8 +42,12 @@ def find_named_file(kind: str, name: str, noun: str, option: str) -> Path:
     """A name from `named_files`, or a path to a YAML file."""
     if name.endswith((".yaml", ".yml")) or "/" in name:
         path = Path(name).expanduser()
-        if not path.is_file():
-            raise UserError(f"{noun} file not found", where=name)
+        try:
+            found = path.is_file()
+        except OSError as e:  # a name too long for the file system, say
+            raise UserError(f"{noun} file cannot be looked up: {e.strerror}", where=clip(name)) from None
+        if not found:
+            raise UserError(f"{noun} file not found", where=clip(name))
         return path
     known = named_files(kind)
     if name not in known:

@@ -170,6 +170,21 @@ def test_overrides_take_the_type_of_their_key(override, line):
         assert "--partition" not in result.out
 
 
+@pytest.mark.parametrize("name", ["1" * 5000, "../clusters/local", "sample\n"])
+def test_a_dataset_name_is_looked_up_among_the_manifests_not_on_the_disk(name):
+    """The fuzzer's find: a 5,000-character name made the manifest lookup raise ENAMETOOLONG."""
+    result = run_cli("render", "--cluster", "ci_slurm", "-o", f"prepare.dataset={name}")
+    assert result.code == 2 and len(result.err.strip().splitlines()) == 1, result.err
+    assert "prepare.dataset: no dataset manifest named" in result.err
+    assert run_cli("render", "--cluster", "ci_slurm", "-o", "prepare.dataset=sample").code == 0
+
+
+def test_a_cluster_path_too_long_for_the_file_system_is_one_line():
+    result = run_cli("render", "--cluster", "/" + "c" * 300 + ".yaml")
+    assert result.code == 2 and len(result.err.strip().splitlines()) == 1, result.err
+    assert "cluster file cannot be looked up: File name too long" in result.err
+
+
 def test_a_lone_surrogate_in_an_override_is_one_line():
     result = run_cli("render", "--cluster", "ci_slurm", "-o", "run.data.train_dir=/x\udcff")
     assert result.code == 2 and result.err.strip().endswith("not valid Unicode text (a lone surrogate)")
