@@ -155,8 +155,9 @@ def cpu_dropout_attention(q, k, v, lengths: Sequence[int], dropout_p: float) -> 
     per call from torch's generator, sequence i's mask from the stream (seed, i).
 
     The sequences run one after another, each op on all intra-op threads. (A pool of one-thread
-    workers, one sequence each, was 4 to 7 % faster on a 2-core machine and was taken out: it ran
-    autograd on threads of its own inside the backward, and a CI run hung beside it.)"""
+    workers, one sequence each, trained 6 % faster on a quiet 2-core machine and no faster beside a
+    busy process; it was taken out: it ran autograd on threads of its own inside the backward, and
+    a CI run hung beside it.)"""
     seed, scale = draw_seed(), q.shape[-1] ** -0.5
     outputs = []
     for i, (qs, ks, vs) in enumerate(zip(q.split(lengths), k.split(lengths), v.split(lengths))):
