@@ -58,7 +58,7 @@ from trainer.data.histogram import sample_lengths  # noqa: E402
 from trainer.data.layout import Sample  # noqa: E402
 from trainer.model import BertForPreTraining, flops_per_sequence, pretraining_loss_sums  # noqa: E402
 from trainer.optim import build_optimizer, take_step  # noqa: E402
-from trainer.progress import peak_tflops  # noqa: E402
+from trainer.progress import peak_tflops, synchronize  # noqa: E402
 from trainer.weights import load_pretrained  # noqa: E402
 
 RESULTS: list[dict] = []
@@ -124,9 +124,13 @@ def hf_inputs(samples: list[Sample], device, pad_to: int) -> dict:
         labels=labels, next_sentence_label=batch.nsp_labels).items()}
 
 
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+def peak_memory(device: torch.device) -> dict:
+    """GiB since the last reset: what tensors held, and what the caching allocator held (their
+    peak plus its free blocks; NCCL's and flash_attn's own buffers are in neither)."""
+    if device.type != "cuda":
+        return {"peak_allocated_gib": None, "peak_reserved_gib": None}
+    return {"peak_allocated_gib": round(torch.cuda.max_memory_allocated(device) / 2**30, 2),
+            "peak_reserved_gib": round(torch.cuda.max_memory_reserved(device) / 2**30, 2)}
 
 
 # ---- checks ----------------------------------------------------------------------------------
@@ -370,6 +374,7 @@ def throughput(device: torch.device, cfg: ModelConfig, n: int, steps: int, packs
     def measure(label: str, model, step, batches=batches) -> None:
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
         if device.type == "cuda":
+            torch.cuda.empty_cache()  # the blocks the previous model left cached would count as reserved
             torch.cuda.reset_peak_memory_stats(device)
         for i, samples in enumerate(batches):
             if i == 3:
@@ -383,11 +388,10 @@ def throughput(device: torch.device, cfg: ModelConfig, n: int, steps: int, packs
         synchronize(device)
         timed = [s for b in batches[3:] for s in b]
         seq_per_s = len(timed) / (time.perf_counter() - started)
-        flops = flops_per_sequence(cfg, np.mean([len(s.input_ids) for s in timed]),
-                                   np.mean([len(s.masked_lm_positions) for s in timed]))
+        # per sequence, then averaged: attention's FLOPs grow with each length squared
+        flops = np.mean([flops_per_sequence(cfg, len(s.input_ids), len(s.masked_lm_positions)) for s in timed])
         figures[label] = {"seq_per_s": round(seq_per_s, 1), "sequences_per_step": round(len(timed) / steps, 1),
-                          "mfu": round(seq_per_s * flops / (peak * 1e12), 4) if peak else None,
-                          "peak_memory_gb": round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if device.type == "cuda" else None}
+                          "mfu": round(seq_per_s * flops / (peak * 1e12), 4) if peak else None, **peak_memory(device)}
         print(f"  {label}: {figures[label]}", flush=True)
 
     def hf_step(model, samples):

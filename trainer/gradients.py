@@ -76,8 +76,9 @@ class GradientSync:
         if self.bucket_clip is not None:
             self.bucket_clip.scale = scale
 
-    def finish(self, scale: float) -> torch.Tensor:
-        """After the last backward: reduce (local mode) and clip. Returns the clipped-on norm (scaled units)."""
+    def finish(self, scale: float) -> torch.Tensor | None:
+        """After the last backward: reduce (local mode) and clip. Returns the norm clipped on (scaled
+        units, on the gradients' device), or None where no whole-gradient norm is computed."""
         grads = grad_tensors(self.model)
         if self.mode == "local":
             norm = global_norm(grads)
@@ -89,7 +90,7 @@ class GradientSync:
             norm = global_norm(grads)
             clip_(grads, self.max_norm * scale, norm)
             return norm
-        return torch.tensor(float("nan"))  # bucket (done in the hook) or none
+        return None  # bucket (clipped bucket by bucket in the hook) or none
 
 
 def bucket_bound(max_norm: float, buckets: int) -> float:

@@ -332,10 +332,17 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())  # tied weights are counted once
 
 
-def flops_per_sequence(cfg: ModelConfig, seq_len: float, masked: float) -> float:
-    """Training FLOPs (forward + backward = 3x forward) for one sequence of `seq_len` real tokens."""
+def training_flops(cfg: ModelConfig, tokens: float, squared_lengths: float, masked: float) -> float:
+    """Training FLOPs (forward + backward = 3x forward) of sequences with `tokens` real tokens in all,
+    `squared_lengths` the sum of their lengths squared (attention grows with each sequence's length
+    squared: from the mean length it would be undercounted) and `masked` masked positions."""
     h, i, layers = cfg.hidden_size, cfg.intermediate_size, cfg.num_layers
-    linear = layers * (4 * h * h + 2 * h * i) * seq_len
-    attention = layers * 2 * h * seq_len * seq_len
+    linear = layers * (4 * h * h + 2 * h * i) * tokens
+    attention = layers * 2 * h * squared_lengths
     head = masked * (h * h + h * cfg.padded_vocab_size)
     return 3 * 2 * (linear + attention + head)
+
+
+def flops_per_sequence(cfg: ModelConfig, seq_len: float, masked: float) -> float:
+    """Training FLOPs for one sequence of `seq_len` real tokens."""
+    return training_flops(cfg, seq_len, seq_len * seq_len, masked)

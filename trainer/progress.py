@@ -2,11 +2,15 @@
 
 A `Tally` is a rank's sums of losses and counts over one step or a window of steps, kept on the
 device as one small tensor so that nothing waits for the GPU until the progress line is due, and
-so that summing a window and its last step over all ranks is a single all-reduce.
+so that summing a window and its last step over all ranks is a single all-reduce. A `Stopwatch`
+times the window: the steps queue their GPU work without waiting for it, so only the wall clock
+from one progress line to the next (each taken after the loop waited for the device) holds all
+of a window's work, its data loading included.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import resource
 import time
@@ -16,19 +20,25 @@ import torch
 
 from trainer import distributed
 from trainer.config import ModelConfig
-from trainer.model import flops_per_sequence
+from trainer.data.batch import Batch
+from trainer.model import training_flops
 
 
 class Tally:
-    """Sums of one rank: MLM and NSP cross-entropy, masked tokens, sequences and real tokens."""
+    """Sums of one rank: MLM and NSP cross-entropy, masked tokens, sequences, real tokens and the
+    squares of the sequences' lengths (for the attention's FLOPs)."""
 
-    FIELDS = ("mlm_loss", "nsp_loss", "masked", "sequences", "tokens")
+    FIELDS = ("mlm_loss", "nsp_loss", "masked", "sequences", "tokens", "squared_lengths")
 
     def __init__(self, device: torch.device | str, values: torch.Tensor | None = None):
-        self.values = torch.zeros(len(self.FIELDS), device=device) if values is None else values
+        # float64: a window's sum of squared lengths passes float32's exact integers (2**24) in one step
+        self.values = torch.zeros(len(self.FIELDS), dtype=torch.float64, device=device) if values is None else values
 
-    def add(self, mlm_loss: torch.Tensor, nsp_loss: torch.Tensor, masked: int, sequences: int, tokens: int) -> None:
-        counts = torch.tensor([masked, sequences, tokens], dtype=self.values.dtype).to(self.values.device, non_blocking=True)
+    def add(self, mlm_loss: torch.Tensor, nsp_loss: torch.Tensor, batch: Batch) -> None:
+        """The batch's losses (device tensors) and its counts (known on the host)."""
+        squared = sum(n * n for n in batch.seqlens)
+        counts = torch.tensor([batch.num_masked, batch.num_sequences, batch.num_tokens, squared],
+                              dtype=self.values.dtype).to(self.values.device, non_blocking=True)
         self.values += torch.cat([torch.stack([mlm_loss.detach(), nsp_loss.detach()]).to(self.values.dtype), counts])
 
     def __iadd__(self, other: "Tally") -> "Tally":
@@ -52,9 +62,43 @@ def mean_losses(sums: dict[str, float]) -> tuple[float, float]:
     return sums["mlm_loss"] / max(sums["masked"], 1), sums["nsp_loss"] / max(sums["sequences"], 1)
 
 
+class Stopwatch:
+    """Seconds of training since the last lap: wall clock, less the time spent in `paused()` blocks
+    (evaluations, checkpoints). Taken right after the device was waited for, a lap holds all the
+    device work queued since the previous lap."""
+
+    def __init__(self):
+        self.restart()
+
+    def restart(self) -> None:
+        self.started, self.excluded = time.perf_counter(), 0.0
+
+    def lap(self) -> float:
+        seconds = time.perf_counter() - self.started - self.excluded
+        self.restart()
+        return seconds
+
+    @contextlib.contextmanager
+    def paused(self, device: torch.device):
+        """Time in this block is not training. The device finishes the training work queued before
+        it first, so that work is not counted as the block's."""
+        synchronize(device)
+        began = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.excluded += time.perf_counter() - began
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def progress_record(update: int, samples: int, skipped: int, lr: float, seconds: float, window: dict, last: dict,
                     device: torch.device, model: ModelConfig, world_size: int) -> dict:
-    """One line of metrics/run_N.jsonl: the last step's loss, the window's means and rates."""
+    """One line of metrics/run_N.jsonl: the last step's loss, the window's means and rates over
+    `seconds`, the window's wall-clock training time."""
     mlm, nsp = mean_losses(window)
     last_mlm, last_nsp = mean_losses(last)
     seq_per_s, tok_per_s = window["sequences"] / seconds, window["tokens"] / seconds
@@ -63,8 +107,8 @@ def progress_record(update: int, samples: int, skipped: int, lr: float, seconds:
         "seq_per_s": seq_per_s, "tokens_per_s": tok_per_s, "skipped": skipped, "memory_gb": memory_gb(device),
         "time": time.time(),
     }
-    per_seq = max(window["sequences"], 1)
-    mfu = model_flops_utilization(model, device, seq_per_s / world_size, window["tokens"] / per_seq, window["masked"] / per_seq)
+    flops = training_flops(model, window["tokens"], window["squared_lengths"], window["masked"])
+    mfu = model_flops_utilization(device, flops / seconds / world_size)
     if mfu is not None:
         record["mfu"] = mfu
     return record
@@ -89,21 +133,23 @@ def memory_gb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # kB on Linux
 
 
-# dense bf16/fp16 tensor-core peaks, TFLOP/s (the SXM parts)
-# dense bf16, vendor datasheets; the first name the GPU's contains wins (the PCIe card before the SXM)
-PEAK_TFLOPS = {"A100": 312.0, "H100 PCIe": 756.0, "H100": 989.0, "H200": 989.0, "B200": 2250.0}
+# Dense bf16 tensor-core peaks in TFLOP/s, from the vendor datasheets (half their "with sparsity"
+# figures). The first key the GPU's name contains wins, so the PCIe and NVL cards come before the SXM
+# part of the same name.
+PEAK_TFLOPS = {"A100": 312.0, "H100 PCIe": 756.0, "H100 NVL": 835.0, "H100": 989.0, "H800 PCIe": 756.0, "H800": 989.0,
+               "H200 NVL": 835.0, "H200": 989.0, "B200": 2250.0}
 
 
 def peak_tflops(device_name: str) -> float | None:
+    """None for a GPU not listed, and for a MIG slice (its share of the GPU is not in its name)."""
+    if "MIG" in device_name:
+        return None
     return next((v for k, v in PEAK_TFLOPS.items() if k in device_name), None)
 
 
-def model_flops_utilization(model: ModelConfig, device: torch.device, seq_per_s_per_gpu: float, mean_len: float,
-                            masked_per_seq: float) -> float | None:
+def model_flops_utilization(device: torch.device, flops_per_s_per_gpu: float) -> float | None:
     """Real-token training FLOPs per second of one GPU over its dense bf16 peak; None off CUDA."""
     if device.type != "cuda":
         return None
     peak = peak_tflops(torch.cuda.get_device_name(device))
-    if peak is None:
-        return None
-    return seq_per_s_per_gpu * flops_per_sequence(model, mean_len, masked_per_seq) / (peak * 1e12)
+    return None if peak is None else flops_per_s_per_gpu / (peak * 1e12)

@@ -39,7 +39,7 @@ from trainer.gradients import GradientSync
 from trainer.mlperf import RunLogger
 from trainer.model import BertForPreTraining
 from trainer.optim import build_optimizer, learning_rate, loss_scale, set_learning_rate, take_step
-from trainer.progress import Tally, append_json_line, global_sums, progress_line, progress_record
+from trainer.progress import Stopwatch, Tally, append_json_line, global_sums, progress_line, progress_record
 from trainer.weights import WeightsError, load_pretrained_file, tf_variable_names
 
 USER_ERRORS = (distributed.LaunchError, DataError, ShardError, WeightsError, PathError, OutputError)
@@ -77,7 +77,6 @@ class Step:
     # trained in this step by all ranks: the global batch, or with packing (where it varies) the
     # all-reduced count, left on the device (see UnreadSamples)
     sequences: int | torch.Tensor
-    seconds: float = 0.0  # data + compute, evaluation excluded
 
 
 class UnreadSamples:
@@ -153,7 +152,8 @@ class Trainer:
             window.append(step)
             self.count(step)
             if self.eval_due(step):
-                self.evaluate()
+                with self.stopwatch.paused(self.device):
+                    self.evaluate()
             self.state.status = self.stop_decision()
             if self.report_due(step):
                 self.report(window)
@@ -161,7 +161,8 @@ class Trainer:
                 if self.state.status is None and self.stop.agreed(self.device):
                     return self.checkpoint_and_exit()
             if self.checkpoint_due(step):
-                self.save_checkpoint()
+                with self.stopwatch.paused(self.device):
+                    self.save_checkpoint()
         return self.finish()
 
     def start(self) -> None:
@@ -172,6 +173,7 @@ class Trainer:
             self.mllog.run_start()
             self.mllog.block_start(0, self.state.next_eval)
         self.block_clock = time.perf_counter()  # throughput of each block, for tracked_stats
+        self.stopwatch = Stopwatch()  # the progress lines' rates
         if self.evaluator:
             self.say(f"eval set: {self.cfg.data.eval_samples} samples, {self.evaluator.masked} masked tokens; "
                      f"guessing the most frequent one scores {self.evaluator.baseline:.3f} (the unigram baseline)")
@@ -191,7 +193,6 @@ class Trainer:
 
     def train_step(self, micro_batches: list[Batch]) -> Step:
         """One optimizer update over the micro-batches of this step."""
-        started = time.perf_counter()
         lr = learning_rate(self.state.updates + 1, self.cfg.optim)
         set_learning_rate(self.optimizer, lr)
         # The loss is normalised by the step's global number of masked tokens and sequences, so it is
@@ -206,11 +207,11 @@ class Trainer:
         for i, batch in enumerate(micro_batches):
             context = self.grads.micro_step_context(last=i == len(micro_batches) - 1)
             mlm, nsp = self.forward_backward(batch, world / masked, world / sequences, context)
-            tally.add(mlm, nsp, batch.num_masked, batch.num_sequences, batch.num_tokens)
+            tally.add(mlm, nsp, batch)
         self.grads.finish(scale)
         skipped = take_step(self.optimizer, self.scaler)
         self.optimizer.zero_grad()  # set_to_none, torch's default; apex's zero_grad takes no argument
-        return Step(tally, lr, skipped, self.global_sequences(sequences), time.perf_counter() - started)
+        return Step(tally, lr, skipped, self.global_sequences(sequences))
 
     def forward_backward(self, batch: Batch, mlm_weight, nsp_weight, context) -> tuple[torch.Tensor, torch.Tensor]:
         """Forward, the loss sums, and backward of mlm_weight * MLM + nsp_weight * NSP (loss-scaled in fp16),
@@ -312,10 +313,9 @@ class Trainer:
         total = Tally(self.device)
         for step in window:
             total += step.tally
-        sums, last = global_sums(total, window[-1].tally)
+        sums, last = global_sums(total, window[-1].tally)  # waits for the device: the window's work is done
         record = progress_record(self.state.updates, self.state.samples, self.state.skipped, window[-1].lr,
-                                 sum(w.seconds for w in window), sums, last, self.device, self.cfg.model,
-                                 self.cfg.world_size)
+                                 self.stopwatch.lap(), sums, last, self.device, self.cfg.model, self.cfg.world_size)
         if self.metrics:
             append_json_line(self.metrics, record)
         self.say(progress_line(record))

@@ -1,0 +1,130 @@
+"""What a run reports about itself: the FLOP model, MFU's peaks, the tallies and the progress lines' rates."""
+
+import json
+import time
+
+import numpy as np
+import pytest
+import torch
+from synthetic import make_sample, tiny_run_config
+
+from trainer import progress
+from trainer.config import ModelConfig
+from trainer.data.batch import collate
+from trainer.data.histogram import wikipedia_histogram
+from trainer.model import flops_per_sequence, training_flops
+from trainer.progress import Stopwatch, Tally, model_flops_utilization, peak_tflops
+
+
+def test_the_flop_model_gives_the_reference_figures_over_the_wikipedia_lengths():
+    """../shared/reference/performance-anchors.md §4.1: training a padded 512-token BERT-large
+    sequence costs about 1,020 GFLOP, an average unpadded one about 500, attention about 6 % of it.
+    Averaged over the phase-2 length histogram (15 % masked, at most 76): from the mean length
+    instead, the squared attention term would come out 2 % short."""
+    large = ModelConfig()
+    assert flops_per_sequence(large, 512, 76) == pytest.approx(1.020e12, rel=0.01)
+    lengths, counts = wikipedia_histogram()
+    masked = np.minimum(76, np.maximum(1, np.round(0.15 * lengths)))
+    weights = counts / counts.sum()
+    total = training_flops(large, weights @ lengths, weights @ lengths**2, weights @ masked)
+    assert total == pytest.approx(500e9, rel=0.02)
+    attention = 6 * large.num_layers * 2 * large.hidden_size * (weights @ lengths**2)
+    assert attention / total == pytest.approx(0.06, abs=0.005)
+    assert flops_per_sequence(large, weights @ lengths, weights @ masked) / total == pytest.approx(0.98, abs=0.003)
+
+
+def test_the_flops_of_a_batch_are_the_sum_of_its_sequences():
+    large = ModelConfig()
+    lengths, masked = [64, 128, 512], [10, 19, 76]
+    each = sum(flops_per_sequence(large, n, m) for n, m in zip(lengths, masked))
+    assert training_flops(large, sum(lengths), sum(n * n for n in lengths), sum(masked)) == pytest.approx(each, rel=1e-12)
+
+
+@pytest.mark.parametrize("name, peak", [
+    ("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H100 PCIe", 756.0), ("NVIDIA H100 NVL", 835.0),
+    ("NVIDIA H200", 989.0), ("NVIDIA H200 NVL", 835.0), ("NVIDIA H800", 989.0), ("NVIDIA H800 PCIe", 756.0),
+    ("NVIDIA A100-SXM4-80GB", 312.0), ("NVIDIA B200", 2250.0),
+    ("NVIDIA H100 80GB HBM3 MIG 3g.40gb", None), ("Tesla V100-SXM2-32GB", None),
+])
+def test_peak_tflops_by_the_name_cuda_reports(name, peak):
+    assert peak_tflops(name) == peak
+
+
+def test_mfu_is_flops_per_second_over_the_gpus_peak_and_none_off_cuda(monkeypatch):
+    assert model_flops_utilization(torch.device("cpu"), 1e15) is None
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3")
+    assert model_flops_utilization(torch.device("cuda"), 494.5e12) == pytest.approx(0.5)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA GeForce RTX 4090")
+    assert model_flops_utilization(torch.device("cuda"), 494.5e12) is None
+
+
+def test_a_tally_sums_losses_counts_and_squared_lengths_of_its_batches():
+    rng = np.random.default_rng(0)
+    batches = [collate([make_sample(rng, 64, 64, 10) for _ in range(5)], unpadded=unpadded) for unpadded in (True, False)]
+    tally = Tally("cpu")
+    for i, batch in enumerate(batches):
+        tally.add(torch.tensor(1.5 + i), torch.tensor(0.25), batch)
+    got = tally.read()
+    lengths = [n for b in batches for n in b.seqlens]
+    assert got == {"mlm_loss": 4.0, "nsp_loss": 0.5, "masked": sum(b.num_masked for b in batches),
+                   "sequences": 10, "tokens": sum(lengths), "squared_lengths": sum(n * n for n in lengths)}
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_a_stopwatch_lap_is_wall_time_less_its_pauses_and_restarts(monkeypatch):
+    clock = FakeClock()
+    monkeypatch.setattr(progress.time, "perf_counter", clock)
+    watch = Stopwatch()
+    clock.now += 2.0
+    with watch.paused(torch.device("cpu")):
+        clock.now += 30.0  # an evaluation
+    clock.now += 1.5
+    assert watch.lap() == 3.5
+    clock.now += 0.25
+    assert watch.lap() == 0.25
+
+
+def test_progress_rates_count_data_loading_and_leave_out_evaluations(tmp_path, monkeypatch):
+    """The run loop's own figures: a step whose data takes 0.2 s cannot report more than a batch per
+    0.2 s, and a 2 s evaluation inside the window is not training time."""
+    from gloo import free_port
+
+    from trainer import distributed
+    from trainer.config import load_run_config
+    from trainer.train import RunArgs, Trainer
+
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    config = tiny_run_config(tmp_path, optim={"max_steps": 6},
+                             train={"log_every_steps": 3, "eval_every_samples": 24, "target_accuracy": 0.99})
+    trainer = Trainer(load_run_config(str(config)), RunArgs(config=str(config), out=str(tmp_path / "out")))
+    next_micro_batches, evaluate = trainer.next_micro_batches, trainer.evaluate
+    evaluations = []
+
+    def slow_data():
+        time.sleep(0.2)
+        return next_micro_batches()
+
+    def slow_evaluation():
+        time.sleep(2.0)
+        evaluations.append(trainer.state.updates)
+        evaluate()
+
+    monkeypatch.setattr(trainer, "next_micro_batches", slow_data)
+    monkeypatch.setattr(trainer, "evaluate", slow_evaluation)
+    try:
+        assert trainer.run() == 0
+    finally:
+        trainer.close()
+        distributed.close()
+    records = [json.loads(line) for line in (tmp_path / "out" / "metrics" / "run_0.jsonl").read_text().splitlines()]
+    assert [r["update"] for r in records] == [3, 6] and evaluations == [3, 6]
+    for record in records:  # 3 steps of 8 sequences per line
+        seconds = 24 / record["seq_per_s"]
+        assert 0.6 <= seconds < 2.5, record
