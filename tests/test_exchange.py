@@ -22,12 +22,12 @@ def local_samples(rank: int, n: int) -> list[Sample]:
     return [make_sample(rng, vocab=60, max_len=64, max_pred=10) for _ in range(n)]
 
 
-def exchange_on_rank(rank, world, mode, group_size, packed):
+def exchange_on_rank(rank, world, mode, group_size, packed, device="cpu"):
     mine = local_samples(rank, 6)
     packs = [[0, 1], [2], [3, 4, 5]] if packed else None
     balance = BalanceConfig(exchange_padding=mode, group_size=group_size, snake=True)
     data = DataConfig(train_dir="unused", max_seq_length=64, max_predictions_per_seq=10)
-    got = Exchange(balance, data, device="cpu")(mine, packs)
+    got = Exchange(balance, data, device=device)(mine, packs)
     return [key(s) for s in mine], [key(s) for s in got]
 
 
@@ -47,6 +47,16 @@ def test_exchange_moves_samples_without_losing_or_duplicating_any(world, mode, g
     if not packed:
         assert max(tokens) - min(tokens) <= max(before) - min(before)  # never worse balanced
         assert all(len(after) == 6 for _, after in results)  # sequences are dealt, counts stay equal
+
+
+def test_group_exchange_stays_in_host_memory_on_a_gpu_run():
+    """Group mode exchanges over gloo groups in host memory, whatever the run's device: given CUDA
+    on this machine without one, it still runs (an all-gather on the device would queue behind the
+    GPU's work and stall the loop every step). Global mode travels on the run's device."""
+    results = run_ranks(exchange_on_rank, 4, "group", 2, False, "cuda")
+    assert sorted(k for _, after in results for k in after) == sorted(k for before, _ in results for k in before)
+    with pytest.raises(Exception, match="CUDA|cuda"):
+        run_ranks(exchange_on_rank, 2, "global", 2, False, "cuda")
 
 
 def bucket_clip_on_rank(rank, world, bucket_cap_mb, max_norm):
