@@ -262,9 +262,10 @@ def trainer_runs(device: torch.device, precision: str) -> dict:
 
 @check("steady state: the real loop's training steps, every device->host copy counted (CUDA sync debug mode)")
 def steady_state_syncs(device: torch.device, precision: str, steps: int = 5) -> dict:
-    """Trainer.train_step, in this process, after the warm-up and 3 steps (lazy initialisation may
-    sync), with CUDA's sync debug mode warning on every synchronising call: where each one came from.
-    bf16 / fp32 must make none, packed or not; fp16 reads the device at least twice a step (its
+    """Trainer.train_step, in this process, after the warm-up and 10 steps (lazy initialisation may
+    sync; DDP times its first 10 iterations with CUDA events it waits on, waits the debug mode does
+    not see), with CUDA's sync debug mode warning on every synchronising call: where each one came from.
+    bf16 / fp32 must make none, packed or not, eager or compiled (on CUDA); fp16 reads the device at least twice a step (its
     overflow flag: the schedule must know whether the update happened). Syncs inside the backward
     are reported at autograd's Python frame, not their source: the count is right, the place is
     autograd's."""
@@ -282,6 +283,7 @@ def steady_state_syncs(device: torch.device, precision: str, steps: int = 5) -> 
     cases = {f"bucket_{precision}": ({"clip": "bucket"}, {"precision": precision}, {}),
              f"local_{precision}_packed": ({"clip": "local"}, {"precision": precision}, {"packing": True, "pack_sequences": 2})}
     if device.type == "cuda":
+        cases[f"bucket_{precision}_compiled"] = ({"clip": "bucket"}, {"precision": precision, "compile": True}, {})
         cases["bucket_fp16"] = ({"clip": "bucket"}, {"precision": "fp16"}, {})
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     results = {}
@@ -296,7 +298,7 @@ def steady_state_syncs(device: torch.device, precision: str, steps: int = 5) -> 
             trainer = Trainer(load_run_config(str(config)), RunArgs(config=str(config), out=str(Path(tmp) / "out")))
             try:
                 trainer.warm_up()
-                for _ in range(3):
+                for _ in range(10):
                     trainer.count(trainer.train_step(trainer.next_micro_batches()))
                 with warnings.catch_warnings(record=True) as caught:
                     warnings.simplefilter("always")
@@ -318,7 +320,7 @@ def steady_state_syncs(device: torch.device, precision: str, steps: int = 5) -> 
         results[label] = {"syncs_per_step": round(len(syncs) / steps, 2), "where": where}
     if device.type != "cuda":
         return {"runs": results, "note": "no CUDA here: the steps ran, the syncs were not counted"}
-    for label in (f"bucket_{precision}", f"local_{precision}_packed"):
+    for label in (f"bucket_{precision}", f"local_{precision}_packed", f"bucket_{precision}_compiled"):
         assert results[label]["syncs_per_step"] == 0, \
             f"{label}: {results[label]['syncs_per_step']} device->host copies per step at {results[label]['where']}"
     return {"runs": results}
