@@ -17,6 +17,9 @@ from trainer.dist_env import DistEnv, detect
 _group_created = False  # set once this process has joined a process group (see exit_process)
 
 
+TIMEOUT = datetime.timedelta(minutes=10)  # how long a collective waits for the other ranks
+
+
 class LaunchError(Exception):
     """The launcher and the run configuration disagree (a user error: exit 2)."""
 
@@ -39,7 +42,7 @@ def init(cfg: RunConfig) -> tuple[DistEnv, torch.device]:
             init_method=f"tcp://{env.master_addr}:{env.master_port}",
             rank=env.rank,
             world_size=env.world_size,
-            timeout=datetime.timedelta(minutes=10),
+            timeout=TIMEOUT,
             **kwargs,
         )
         global _group_created

@@ -2,8 +2,8 @@
 back (trainer/balance.py), so every rank gets a similar number of tokens.
 
 global (NVIDIA): one group of all ranks. group (Samsung): groups of `group_size` consecutive
-ranks, i.e. one node, so the exchange stays on NVLink; every rank creates every group, in the
-same order, as torch.distributed requires. With packing the dealt units are whole packs.
+ranks, i.e. one node, so the exchange stays within the node. With packing the dealt units are
+whole packs.
 
 The exchange only moves samples between ranks within a step: the global set of samples, and so
 the loss normalised by the global number of masked tokens, is unchanged.
@@ -30,6 +30,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from trainer import distributed
 from trainer.balance import deal_order
 from trainer.config import BalanceConfig, DataConfig
 from trainer.data.layout import Sample
@@ -45,7 +46,7 @@ class Exchange:
         self.seq, self.pred = data.max_seq_length, data.max_predictions_per_seq
         self.width = HEADER + 2 * self.seq + 2 * self.pred
         self.device = torch.device(device) if global_mode else torch.device("cpu")  # where the rows travel
-        self.group = dist.group.WORLD if global_mode else gloo_group_of(rank, world, self.size)
+        self.group = dist.group.WORLD if global_mode else gloo_group_of(rank, self.size)
         self.index = rank % self.size
 
     def __call__(self, samples: list[Sample], packs: list[list[int]] | None = None) -> list[Sample]:
@@ -82,16 +83,14 @@ class Exchange:
         return [b.view(torch.int16)[: int(c.item())].cpu() for b, c in zip(buffers, counts)]
 
 
-def gloo_group_of(rank: int, world: int, size: int) -> dist.ProcessGroup:
-    """This rank's group of `size` consecutive ranks, over gloo. Every rank creates every group, in
-    the same order, as torch.distributed requires."""
-    mine = None
-    for start in range(0, world, size):
-        ranks = list(range(start, start + size))
-        group = dist.new_group(ranks, backend="gloo")
-        if rank in ranks:
-            mine = group
-    return mine
+def gloo_group_of(rank: int, size: int) -> dist.ProcessGroup:
+    """This rank's group of `size` consecutive ranks, over gloo. Each rank creates its own group
+    only (local synchronization): under an NCCL default group bound to a device, a rank creating
+    a group it is not in would take part in an NCCL communicator split, which gloo groups' members
+    never do."""
+    start = rank - rank % size
+    return dist.new_group(list(range(start, start + size)), backend="gloo", use_local_synchronization=True,
+                          timeout=distributed.TIMEOUT)
 
 
 HEADER = 4  # length, predictions, nsp label, pack

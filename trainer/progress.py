@@ -134,10 +134,10 @@ def memory_gb(device: torch.device) -> float:
 
 
 # Dense bf16 tensor-core peaks in TFLOP/s, from the vendor datasheets (half their "with sparsity"
-# figures). The first key the GPU's name contains wins, so the PCIe and NVL cards come before the SXM
-# part of the same name.
+# figures). The first key the GPU's name contains wins, so a key comes before those it contains
+# (the PCIe and NVL cards before the SXM part, GB200 before B200).
 PEAK_TFLOPS = {"A100": 312.0, "H100 PCIe": 756.0, "H100 NVL": 835.0, "H100": 989.0, "H800 PCIe": 756.0, "H800": 989.0,
-               "H200 NVL": 835.0, "H200": 989.0, "B200": 2250.0}
+               "H200 NVL": 835.0, "H200": 989.0, "GB200": 2500.0, "B200": 2250.0}
 
 
 def peak_tflops(device_name: str) -> float | None:

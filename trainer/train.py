@@ -5,8 +5,8 @@
     srun ... python -m trainer --config run.yaml --out DIR                           # under Slurm
 
 `run.yaml` is the RunConfig that bertctl wrote (trainer/config/run.py). Rank 0 writes the MLPerf log
-to DIR/results/result_N.txt, progress lines to stdout and per-step metrics to
-DIR/metrics/run_N.jsonl. Exit codes: 0 the run finished (converged or not: see the log's run_stop
+to DIR/results/result_N.txt, progress lines to stdout and the same figures, one
+JSON line per progress line, to DIR/metrics/run_N.jsonl. Exit codes: 0 the run finished (converged or not: see the log's run_stop
 status), 1 it failed, 2 bad input (config, data, checkpoint), 75 checkpointed on a signal.
 """
 
@@ -39,7 +39,7 @@ from trainer.gradients import GradientSync
 from trainer.mlperf import RunLogger
 from trainer.model import BertForPreTraining
 from trainer.optim import build_optimizer, learning_rate, loss_scale, set_learning_rate, take_step
-from trainer.progress import Stopwatch, Tally, append_json_line, global_sums, progress_line, progress_record
+from trainer.progress import Stopwatch, Tally, append_json_line, global_sums, progress_line, progress_record, synchronize
 from trainer.weights import WeightsError, load_pretrained_file, tf_variable_names
 
 USER_ERRORS = (distributed.LaunchError, DataError, ShardError, WeightsError, PathError, OutputError)
@@ -172,6 +172,7 @@ class Trainer:
             distributed.all_reduce_sum(torch.zeros(1, device=self.device))  # all ranks start together
             self.mllog.run_start()
             self.mllog.block_start(0, self.state.next_eval)
+        synchronize(self.device)  # the warm-up's queued GPU work is not the first block's or window's
         self.block_clock = time.perf_counter()  # throughput of each block, for tracked_stats
         self.stopwatch = Stopwatch()  # the progress lines' rates
         if self.evaluator:
