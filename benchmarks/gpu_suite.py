@@ -187,7 +187,29 @@ def attention_backends(device: torch.device, heads: int, head_dim: int, n: int) 
     assert errors, f"no backend ran: {skipped}"
     worst = max(errors.values())
     assert worst < 5e-2, f"largest difference {worst:.2e} (>= 5e-2): {errors}"
-    return {"max_abs_diff": {k: float(f"{v:.3g}") for k, v in errors.items()}, "not_runnable": skipped}
+    fused = nested_kernel_with_dropout(q, k, v, grad, cu, longest, lengths) if device.type == "cuda" else "no CUDA here"
+    return {"max_abs_diff": {k: float(f"{v:.3g}") for k, v in errors.items()}, "not_runnable": skipped,
+            "nested_with_dropout": fused}
+
+
+def nested_kernel_with_dropout(q, k, v, grad, cu, longest, lengths) -> dict:
+    """The nested backend in training (dropout 0.1, forward and backward) with SDPA's math kernel
+    forbidden: it must reach flash (fp16/bf16) or memory-efficient attention (fp32), or fail here
+    instead of running the slow per-sequence math fallback unseen."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    result = {}
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
+        inputs = [x.to(dtype).requires_grad_() for x in (q, k, v)]
+        try:
+            with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION]):
+                out = varlen_attention(*inputs, cu, longest, 0.1, "nested", lengths)
+                torch.autograd.grad(out, inputs, grad.to(dtype))
+            result[str(dtype).removeprefix("torch.")] = "fused kernel"
+        except RuntimeError as e:
+            result[str(dtype).removeprefix("torch.")] = f"no fused kernel: {str(e).splitlines()[0][:200]}"
+    assert all(r == "fused kernel" for r in result.values()), result
+    return result
 
 
 @check("precision: bf16 and fp16 steps at phase-2 shapes, an overflowing fp16 step skipped and counted")
