@@ -95,6 +95,21 @@ def close() -> None:
         dist.destroy_process_group()
 
 
+_kept: list = []
+
+
+def keep_until_exit(ddp: torch.nn.Module | None) -> None:
+    """Never free a DistributedDataParallel in-process (a rank ends with exit_process, which frees
+    nothing). Freeing it frees its reducer, which frees the last reference to its process group,
+    whose destructor joins gloo's worker threads while the freeing thread holds the GIL. A worker
+    that has just completed a bucket's future then still has to release the comm hook's Python
+    callback (`then`), which takes the GIL: both wait forever. It happened at the end of an
+    in-process test (pytest stacks: the main thread in ~Reducer -> ~ProcessGroupGloo -> join, the
+    worker in gil_scoped_acquire under Future::markCompleted)."""
+    if ddp is not None:
+        _kept.append(ddp)
+
+
 def group_was_used() -> bool:
     return _group_created
 

@@ -386,6 +386,7 @@ class Trainer:
     def close(self) -> None:
         self.data.close()
         self.mllog.close()
+        distributed.keep_until_exit(self.ddp)
 
 
 def most_sequences_per_step(cfg: RunConfig) -> int:
