@@ -321,7 +321,7 @@ def steady_state_syncs(device: torch.device, precision: str, steps: int = 5) -> 
             try:
                 trainer.warm_up()
                 for _ in range(10):
-                    trainer.count(trainer.train_step(trainer.next_micro_batches()))
+                    trainer.counts.count(trainer.train_step(trainer.next_micro_batches()))
                 with warnings.catch_warnings(record=True) as caught:
                     warnings.simplefilter("always")
                     if device.type == "cuda":

@@ -188,7 +188,8 @@ def test_packed_steps_read_their_sequence_counts_only_where_a_decision_needs_the
 
     from trainer import distributed
     from trainer.config import load_run_config
-    from trainer.train import RunArgs, Trainer, UnreadSamples
+    from trainer.loop_state import UnreadSamples
+    from trainer.train import RunArgs, Trainer
 
     monkeypatch.setenv("MASTER_PORT", str(free_port()))
     config = tiny_run_config(tmp_path, balance={"packing": True, "pack_sequences": 2, "pack_window": 64},
@@ -238,7 +239,7 @@ def test_packed_steps_read_their_sequence_counts_only_where_a_decision_needs_the
 def test_unread_sample_counts_add_up_exactly_past_float32s_integers():
     """The per-step counts are float32 (exact); their sum must not be: 257 x 65,535 = 16,842,495
     is odd and above 2**24, where float32 keeps only even integers."""
-    from trainer.train import UnreadSamples
+    from trainer.loop_state import UnreadSamples
 
     unread = UnreadSamples(per_step=65_536)
     for _ in range(257):

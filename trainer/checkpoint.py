@@ -99,6 +99,35 @@ class Checkpoints:
             shutil.rmtree(old, ignore_errors=True)
 
 
+class RunCheckpoint:
+    """A run's checkpoint contents: what it saves and how it restores them. The model, optimizer,
+    loss scaler and loop state (a dict) are shared; the data position and RNG states are each rank's."""
+
+    def __init__(self, checkpoints: Checkpoints, model, optimizer, scaler, data, identity: dict):
+        self.checkpoints = checkpoints
+        self.model, self.optimizer, self.scaler, self.data = model, optimizer, scaler, data
+        self.identity = identity  # what the run is (seed, run index): saved, for who reads the file
+
+    def save(self, step: int, loop_state: dict) -> Path:
+        shared = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                  "scaler": self.scaler.state_dict() if self.scaler else None, "state": loop_state, **self.identity}
+        return self.checkpoints.save(step, shared, {"data": self.data.state_dict(), "rng": rng_state()})
+
+    def restore(self) -> tuple[Path, dict] | None:
+        """Load the latest checkpoint into the parts; its path and loop state, or None when there is none."""
+        path = self.checkpoints.latest()
+        if path is None:
+            return None
+        shared, mine = self.checkpoints.load(path)
+        self.model.load_state_dict(shared["model"])
+        self.optimizer.load_state_dict(shared["optimizer"])
+        if self.scaler and shared["scaler"]:
+            self.scaler.load_state_dict(shared["scaler"])
+        self.data.load_state_dict(mine["data"])
+        set_rng_state(mine["rng"])
+        return path, shared["state"]
+
+
 def rng_state() -> dict:
     state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
     if torch.cuda.is_available():  # this rank's GPU only: the _all variants open a context on every visible GPU

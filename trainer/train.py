@@ -28,7 +28,7 @@ from pydantic import ValidationError
 from torch.nn.parallel import DistributedDataParallel
 
 from trainer import distributed
-from trainer.checkpoint import UNWRITABLE, Checkpoints, OutputError, StopSignal, rng_state, set_rng_state, write_model
+from trainer.checkpoint import UNWRITABLE, Checkpoints, OutputError, RunCheckpoint, StopSignal, rng_state, set_rng_state, write_model
 from trainer.config import REQUEUE_EXIT_CODE, PathError, RunConfig, expand_path, first_problem, load_run_config
 from trainer.data.batch import Batch, collate
 from trainer.data.dataset import DataError, TrainData
@@ -36,6 +36,7 @@ from trainer.data.layout import Sample, ShardError
 from trainer.evaluate import Evaluator
 from trainer.exchange import Exchange
 from trainer.gradients import GradientSync
+from trainer.loop_state import Counts, LoopState, Step, most_sequences_per_step
 from trainer.mlperf import RunLogger
 from trainer.model import BertForPreTraining
 from trainer.optim import build_optimizer, learning_rate, loss_scale, set_learning_rate, take_step
@@ -52,55 +53,6 @@ class RunArgs:
     run_index: int = 0
     seed: int | None = None
     once: bool = False
-
-
-@dataclass
-class LoopState:
-    """Where the run is; saved in checkpoints."""
-
-    updates: int = 0  # successful optimizer steps
-    skipped: int = 0  # fp16 steps skipped because the gradients overflowed
-    samples: int = 0  # samples trained by successful steps (MLPerf's epoch_num)
-    next_eval: int = 0
-    block_start: int = 0  # samples at the start of the current block
-    accuracy: float | None = None
-    status: str | None = None  # success | aborted, once decided
-
-
-@dataclass
-class Step:
-    """One optimizer update as the loop sees it."""
-
-    tally: Tally  # this rank's sums (on the device until the progress line is due)
-    lr: float
-    skipped: bool
-    # trained in this step by all ranks: the global batch, or with packing (where it varies) the
-    # all-reduced count, left on the device (see UnreadSamples)
-    sequences: int | torch.Tensor
-
-
-class UnreadSamples:
-    """Packed steps' global sequence counts, still on the device: reading each one back would stall
-    the GPU's queue once a step. The loop reads them (all at once) only where it needs the exact
-    sample count: when an evaluation or the sample limit could be due by an upper bound (each step
-    trained at most `per_step` sequences), and before a report, a checkpoint or the end."""
-
-    def __init__(self, per_step: int):
-        self.per_step = per_step
-        self.counts: list[torch.Tensor] = []
-
-    @property
-    def bound(self) -> int:
-        return len(self.counts) * self.per_step
-
-    def add(self, count: torch.Tensor) -> None:
-        self.counts.append(count)
-
-    def read(self) -> int:
-        # int64: the counts are float32 (exact per step), their sum would not be past 2**24
-        total = int(torch.stack(self.counts).to(torch.int64).sum()) if self.counts else 0
-        self.counts = []
-        return total
 
 
 class Trainer:
@@ -135,11 +87,12 @@ class Trainer:
         self.evaluator = Evaluator(cfg.data, cfg.train.eval_batch_size, self.env.rank, self.env.world_size,
                                    cfg.runtime.unpad, self.device, vocab_size=cfg.model.vocab_size,
                                    max_positions=cfg.model.max_position_embeddings) if cfg.data.eval_dir else None
-        self.state = LoopState(next_eval=cfg.train.eval_start_samples or cfg.train.eval_interval)
-        self.unread = UnreadSamples(most_sequences_per_step(cfg))
         self.stop = StopSignal()
         self.metrics = (out / "metrics" / f"run_{args.run_index}.jsonl") if self.rank0 else None
-        self.resumed = self.resume()
+        self.saved = RunCheckpoint(self.checkpoints, self.model, self.optimizer, self.scaler, self.data,
+                                   {"seed": self.seed, "run_index": args.run_index})
+        self.state, self.resumed = self.resume()
+        self.counts = Counts(self.state, most_sequences_per_step(cfg))
 
     # ---- the run ----------------------------------------------------------------------------
 
@@ -150,7 +103,7 @@ class Trainer:
         while self.state.status is None:
             step = self.train_step(self.next_micro_batches())
             window.append(step)
-            self.count(step)
+            self.counts.count(step)
             if self.eval_due(step):
                 with self.stopwatch.paused(self.device):
                     self.evaluate()
@@ -231,29 +184,8 @@ class Trainer:
             return self.cfg.train.global_batch_size
         return counted
 
-    def count(self, step: Step) -> None:
-        if step.skipped:
-            self.state.skipped += 1  # the schedule repeats this update's learning rate
-            return
-        self.state.updates += 1
-        if isinstance(step.sequences, torch.Tensor):
-            self.unread.add(step.sequences)
-        else:
-            self.state.samples += step.sequences
-
-    def samples_reach(self, threshold: int) -> bool:
-        """state.samples >= threshold, reading the unread counts only if their bound says it may be."""
-        if self.state.samples + self.unread.bound < threshold:
-            return False
-        self.settle()
-        return self.state.samples >= threshold
-
-    def settle(self) -> None:
-        """Make state.samples exact (reads the device when packed steps' counts are unread)."""
-        self.state.samples += self.unread.read()
-
     def eval_due(self, step: Step) -> bool:
-        return self.evaluator is not None and not step.skipped and self.samples_reach(self.state.next_eval)
+        return self.evaluator is not None and not step.skipped and self.counts.samples_reach(self.state.next_eval)
 
     def evaluate(self) -> None:
         """Close the block with an evaluation; open the next block unless the target is reached."""
@@ -275,7 +207,7 @@ class Trainer:
         s, t = self.state, self.cfg.train
         if s.accuracy is not None and s.accuracy >= t.target_accuracy:
             return "success"
-        if self.samples_reach(t.max_samples_termination) or s.updates >= self.cfg.optim.max_steps:
+        if self.counts.samples_reach(t.max_samples_termination) or s.updates >= self.cfg.optim.max_steps:
             return "aborted"
         return None
 
@@ -288,7 +220,7 @@ class Trainer:
         return bool(every) and self.state.status is None and not step.skipped and self.state.updates % every == 0
 
     def finish(self) -> int:
-        self.settle()
+        self.counts.settle()
         s = self.state
         if s.block_start < s.samples:  # a block the run ended in without an eval
             self.mllog.block_stop(s.block_start, s.samples)
@@ -310,7 +242,7 @@ class Trainer:
 
     def report(self, window: list[Step]) -> None:
         """Progress line and metrics for the last steps: the one place the loop waits for the device."""
-        self.settle()
+        self.counts.settle()
         total = Tally(self.device)
         for step in window:
             total += step.tally
@@ -348,28 +280,17 @@ class Trainer:
         return REQUEUE_EXIT_CODE
 
     def save_checkpoint(self) -> None:
-        self.settle()
-        shared = {
-            "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-            "scaler": self.scaler.state_dict() if self.scaler else None, "state": asdict(self.state),
-            "seed": self.seed, "run_index": self.args.run_index,
-        }
-        self.checkpoints.save(self.state.updates, shared, {"data": self.data.state_dict(), "rng": rng_state()})
+        self.counts.settle()
+        self.saved.save(self.state.updates, asdict(self.state))
 
-    def resume(self) -> bool:
-        path = self.checkpoints.latest()
-        if path is None:
-            return False
-        shared, mine = self.checkpoints.load(path)
-        self.model.load_state_dict(shared["model"])
-        self.optimizer.load_state_dict(shared["optimizer"])
-        if self.scaler and shared["scaler"]:
-            self.scaler.load_state_dict(shared["scaler"])
-        self.state = LoopState(**shared["state"])
-        self.data.load_state_dict(mine["data"])
-        set_rng_state(mine["rng"])
+    def resume(self) -> tuple[LoopState, bool]:
+        """The loop state of the latest checkpoint (its model, optimizer, data and RNG restored), or a fresh one."""
+        restored = self.saved.restore()
+        if restored is None:
+            return LoopState(next_eval=self.cfg.train.eval_start_samples or self.cfg.train.eval_interval), False
+        path, state = restored
         self.say(f"resumed from {path}")
-        return True
+        return LoopState(**state), True
 
     # ---- helpers ------------------------------------------------------------------------------
 
@@ -387,16 +308,6 @@ class Trainer:
         self.data.close()
         self.mllog.close()
         distributed.keep_until_exit(self.ddp)
-
-
-def most_sequences_per_step(cfg: RunConfig) -> int:
-    """An upper bound on the sequences of one step: the global batch, which with packing counts
-    rows x pack_sequences. Without a pack_sequences limit it counts rows, and a row of
-    max_seq_length tokens holds at most that many sequences: a bound so loose that the loop reads
-    the counts nearly every step (set balance.pack_sequences, as the packed recipes do)."""
-    if cfg.balance.packing and not cfg.balance.pack_sequences:
-        return cfg.train.global_batch_size * cfg.data.max_seq_length
-    return cfg.train.global_batch_size
 
 
 def build_model(cfg: RunConfig, device: torch.device) -> BertForPreTraining:
