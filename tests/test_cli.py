@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from conftest import REPO, run_cli
 
 
@@ -37,6 +38,21 @@ def test_bad_input_exits_2_with_one_line_and_writes_nothing(bertctl_home):
         result = run_cli(*args)
         assert result.code == 2, args
         assert result.out == "" and result.err.startswith("bertctl: error: ") and result.err.count("\n") == 1, args
+    assert not (bertctl_home / "experiments").exists() or not any((bertctl_home / "experiments").iterdir())
+
+
+@pytest.mark.parametrize("overrides,words", [
+    (["run.mlperf.division=closed"], ["run.optim.name: adam", "mlperf.division closed", "allows lamb only"]),
+    (["run.balance.bin_quotas=[1,1,1,1]", "run.data.streams=8"],
+     ["run.balance.bin_quotas: [1, 1, 1, 1] add up to 4", "8 data stream(s)", "must add up to 2"]),
+])
+def test_submit_refuses_what_mlperf_or_the_streams_cannot_take(bertctl_home, overrides, words):
+    """Samsung's ADAM recipe declared closed; quotas that fill train.batch_size (4) while each of 8
+    streams over 4 ranks takes 2 samples: one line naming the key, exit 2, nothing written."""
+    cluster = "samsung_dgxa100" if "closed" in overrides[0] else "ci_slurm"
+    result = run_cli("submit", "--cluster", cluster, *[a for o in overrides for a in ("-o", o)])
+    assert result.code == 2 and result.out == "" and result.err.count("\n") == 1, result.err
+    assert all(w in result.err for w in words), result.err
     assert not (bertctl_home / "experiments").exists() or not any((bertctl_home / "experiments").iterdir())
 
 

@@ -31,13 +31,12 @@ def trained(tmp_path_factory) -> Path:
     """A folder with run.yaml and results/result_0..9.txt (converged) and aborted/result_0..1.txt (stopped early)."""
     if importlib.util.find_spec("trainer.train") is None:
         pytest.fail("trainer not available yet")
-    from synthetic import tiny_run_config
+    from synthetic import CLOSED, tiny_run_config
 
     from trainer.mlperf import log_cache_clear
 
     tmp = tmp_path_factory.mktemp("trained")
-    mlperf = {"division": "closed", "org": "bertctl-tests", "platform": "1xCPU"}
-    config = tiny_run_config(tmp, runtime={"num_threads": 1}, mlperf=mlperf,
+    config = tiny_run_config(tmp, runtime={"num_threads": 1}, **CLOSED,
                              train__max_samples_termination=4800, optim__max_steps=600)
     short = tmp / "short" / "run.yaml"  # three evaluations, far from the target: run_stop aborted
     short.parent.mkdir()

@@ -59,11 +59,54 @@ def test_closed_division_needs_the_mlperf_target():
     assert RunConfig.model_validate(minimal(train__target_accuracy=0.5, mlperf={"division": "open"}))
 
 
+@pytest.mark.parametrize("name", ["adam", "madgrad", "acclip"])
+def test_closed_division_admits_lamb_only(name):
+    """MLPerf's closed division fixes BERT's optimizer to LAMB (closed_bert.yaml requires its keys)."""
+    with pytest.raises(ValidationError, match=f"optim.name: {name} is not allowed in mlperf.division closed, "
+                                              "which allows lamb only: set mlperf.division=open"):
+        RunConfig.model_validate(minimal(optim={"name": name, "lr": 1e-3, "max_steps": 100}))
+    assert RunConfig.model_validate(minimal(optim={"name": name, "lr": 1e-3, "max_steps": 100}, mlperf={"division": "open"}))
+    assert RunConfig.model_validate(minimal(optim={"name": "lamb", "lr": 1e-3, "max_steps": 100})).optim.name == "lamb"
+
+
+@pytest.mark.parametrize("optim,key", [({"schedule": "samsung"}, "optim.schedule"), ({"lr_max_steps": 79}, "optim.lr_max_steps")])
+def test_closed_division_takes_the_reference_schedule_over_the_logged_steps(optim, key):
+    """Samsung's schedule and a decay horizon other than the logged opt_learning_rate_training_steps are open choices."""
+    raw = {"name": "lamb", "lr": 1e-3, "max_steps": 100, **optim}
+    with pytest.raises(ValidationError, match=f"{key}: .*mlperf.division"):
+        RunConfig.model_validate(minimal(optim=raw))
+    assert RunConfig.model_validate(minimal(optim=raw, mlperf={"division": "open"}))
+    assert RunConfig.model_validate(minimal(optim={**raw, "lr_max_steps": 100, "schedule": "nvidia"}))
+
+
 def test_bin_quotas_must_fill_the_batch():
-    with pytest.raises(ValidationError, match="must add up to train.batch_size"):
+    with pytest.raises(ValidationError, match=r"bin_quotas: \[1, 1, 1, 2\] add up to 5, .* must add up to 4"):
         RunConfig.model_validate(minimal(balance={"stratified": True, "bin_quotas": [1, 1, 1, 2]}))
     cfg = RunConfig.model_validate(minimal(balance={"stratified": True, "bin_quotas": [1, 1, 1, 1]}))
     assert sum(cfg.balance.bin_quotas) == cfg.train.batch_size
+
+
+@pytest.mark.parametrize("streams,batch,quotas", [(16, 4, [1, 0, 0, 1]), (32, 4, [0, 0, 0, 1]), (None, 4, [1, 1, 1, 1])])
+def test_bin_quotas_fill_one_streams_batch(streams, batch, quotas):
+    """A stream's micro-batch is batch_size x ranks / streams (trainer/data/dataset.py): 8 ranks x 4
+    over 16 streams is 2 per stream, over 32 streams 1. Quotas that add up to batch_size
+    instead validated and then failed on every rank at the first batch."""
+    good = RunConfig.model_validate(minimal(data={"train_dir": "/data", "streams": streams},
+                                            balance={"stratified": True, "bin_quotas": quotas}))
+    assert sum(good.balance.bin_quotas) == batch * 8 // (streams or 8)
+    wrong = [batch, 0, 0, 0] if sum(quotas) != batch else [batch + 1, 0, 0, 0]
+    needed = batch * 8 // (streams or 8)
+    with pytest.raises(ValidationError, match=rf"balance.bin_quotas: .* each of the {streams or 8} data stream\(s\) "
+                                              rf"takes .* the quotas must add up to {needed}"):
+        RunConfig.model_validate(minimal(data={"train_dir": "/data", "streams": streams},
+                                         balance={"stratified": True, "bin_quotas": wrong}))
+
+
+def test_streams_must_split_evenly_over_ranks_and_samples():
+    with pytest.raises(ValidationError, match="data.streams: 12 data streams cannot be split evenly over 8 rank"):
+        RunConfig.model_validate(minimal(data={"train_dir": "/data", "streams": 12}))
+    with pytest.raises(ValidationError, match="data.streams: 64 data streams cannot be split evenly"):
+        RunConfig.model_validate(minimal(data={"train_dir": "/data", "streams": 64}))  # 32 samples for 64 streams
 
 
 def test_unknown_keys_are_rejected_and_values_are_frozen():

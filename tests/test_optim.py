@@ -405,3 +405,34 @@ def test_an_open_division_run_with_a_trial_optimizer_trains_and_passes_the_check
     assert result.returncode == 0 and result.stderr.strip().endswith("INFO - SUCCESS"), result.stderr[-1500:]
     events = [json.loads(line.split(":::MLLOG ", 1)[1]) for line in log.read_text().splitlines()]
     assert [e["value"] for e in events if e["key"] in ("opt_name", "submission_division")] == ["open", name]
+    assert not [e["key"] for e in events if e["key"].startswith("opt_lamb") or e["key"] == "opt_epsilon"]
+
+
+@pytest.mark.parametrize("name,keys", [
+    ("lamb", ["opt_lamb_weight_decay_rate", "opt_lamb_beta_1", "opt_lamb_beta_2", "opt_lamb_learning_rate_decay_poly_power",
+              "opt_lamb_epsilon", "opt_epsilon"]),
+    ("adam", ["opt_adamw_weight_decay", "opt_adamw_beta_1", "opt_adamw_beta_2", "opt_adamw_epsilon"]),
+    ("madgrad", ["opt_weight_decay", "opt_madgrad_momentum", "opt_madgrad_epsilon"]),
+    ("acclip", ["opt_weight_decay", "opt_acclip_beta_1", "opt_acclip_beta_2", "opt_acclip_epsilon"]),
+])
+def test_the_log_carries_the_keys_of_the_optimizer_in_use_only(tmp_path, name, keys):
+    """LAMB's keys are what the closed checker (closed_bert.yaml) reads as a LAMB run: an ADAM run that
+    logged them passed it as one. Every other optimizer logs its own keys (mllog's names where it has them)."""
+    from trainer.config import RunConfig
+    from trainer.mlperf import RunLogger
+
+    division = "closed" if name == "lamb" else "open"
+    cfg = RunConfig.model_validate(yaml.safe_load(tiny_run_config(
+        tmp_path, optim={"name": name, "betas": [0.8, 0.95], "epsilon": 1e-8, "weight_decay": 0.02},
+        mlperf={"division": division}).read_text()))
+    path = tmp_path / "result_0.txt"
+    log = RunLogger(path, enabled=True)
+    log.hyperparameters(cfg, seed=3)
+    log.close()
+    events = {e["key"]: e["value"] for e in (json.loads(line.split(":::MLLOG ", 1)[1]) for line in path.read_text().splitlines())}
+    optimizer = {k: v for k, v in events.items() if k.startswith("opt_") and not k.startswith(("opt_learning_rate", "opt_base"))}
+    assert list(optimizer) == ["opt_name", *keys]
+    assert events["opt_name"] == name and events["opt_base_learning_rate"] == 3e-3
+    assert sorted(v for k, v in optimizer.items() if k != "opt_name") == sorted(
+        {"lamb": [0.02, 0.8, 0.95, 1.0, 1e-8, 1e-8], "adam": [0.02, 0.8, 0.95, 1e-8], "madgrad": [0.02, 0.8, 1e-8],
+         "acclip": [0.02, 0.8, 0.95, 1e-8]}[name])

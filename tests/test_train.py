@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from synthetic import tiny_run_config
+from synthetic import CLOSED, tiny_run_config
 
 from trainer.mlperf import log_cache_clear
 
@@ -40,7 +40,7 @@ def checker(log: Path, ruleset: str = "5.0.0", tmp: Path | None = None) -> subpr
 def converged_run(tmp_path_factory):
     """A tiny model trained to the 0.720 target on the synthetic data, as the launcher runs it."""
     tmp = tmp_path_factory.mktemp("converged")
-    config = tiny_run_config(tmp, runtime={"num_threads": 1})
+    config = tiny_run_config(tmp, runtime={"num_threads": 1}, **CLOSED)
     out = tmp / "out"
     log_cache_clear(out / "results" / "result_0.txt")  # the launcher's part
     proc = trainer("--config", str(config), "--out", str(out))
@@ -62,6 +62,8 @@ def test_tiny_run_reaches_the_target_and_the_official_checker_says_success(conve
     assert accuracies[-1]["value"] >= 0.72
     assert [e["metadata"]["epoch_num"] for e in accuracies] == [128 * (i + 1) for i in range(len(accuracies))]  # samples
     assert all(e["metadata"]["file"].startswith("trainer/") for e in events)  # no machine paths
+    logged = {e["key"]: e["value"] for e in events}
+    assert logged["submission_division"] == "closed" and logged["opt_name"] == "lamb" and logged["opt_lamb_epsilon"] == 1e-6
 
 
 @pytest.mark.parametrize("key", ["opt_lamb_epsilon", "submission_division", "run_stop"])

@@ -115,13 +115,10 @@ class RunLogger:
         self._init_event("max_predictions_per_seq", cfg.data.max_predictions_per_seq)
         self._init_event(K.OPT_NAME, o.name)
         self._init_event(K.OPT_BASE_LR, o.lr)
-        self._init_event(K.OPT_LAMB_WEIGHT_DECAY, o.weight_decay)
-        self._init_event(K.OPT_LAMB_BETA_1, o.betas[0])
-        self._init_event(K.OPT_LAMB_BETA_2, o.betas[1])
-        self._init_event(K.OPT_LAMB_LR_DECAY_POLY_POWER, 1.0)
-        self._init_event(K.OPT_LAMB_EPSILON, o.epsilon)
-        if cfg.mlperf.legacy_keys:
-            self._init_event("opt_epsilon", o.epsilon)  # rulesets 1.x and 2.0 (no constant in mllog)
+        for key, value in optimizer_keys(o):
+            self._init_event(key, value)
+        if cfg.mlperf.legacy_keys and o.name == "lamb":
+            self._init_event("opt_epsilon", o.epsilon)  # LAMB's epsilon in rulesets 1.x and 2.0 (no constant in mllog)
         self._init_event(K.OPT_LR_WARMUP_STEPS, o.warmup_steps)
         self._init_event(K.NUM_WARMUP_STEPS, o.warmup_steps)
         self._init_event(K.START_WARMUP_STEP, o.start_warmup_step)
@@ -169,6 +166,24 @@ class RunLogger:
     def close(self) -> None:
         if self._log:
             self._log.close()
+
+
+def optimizer_keys(o) -> list[tuple[str, object]]:
+    """The hyperparameter keys of the optimizer in use (`o`: trainer.config.OptimConfig), under mllog's
+    names where it has them. Only LAMB's are required, by the closed division's closed_bert.yaml (so a
+    closed run is LAMB: RunConfig.closed_division_problems); open_bert.yaml requires none, so an open
+    run logs its own optimizer's keys and never LAMB's, which would read as a LAMB run."""
+    (beta1, beta2), eps, wd = o.betas, o.epsilon, o.weight_decay
+    if o.name == "lamb":
+        return [(K.OPT_LAMB_WEIGHT_DECAY, wd), (K.OPT_LAMB_BETA_1, beta1), (K.OPT_LAMB_BETA_2, beta2),
+                (K.OPT_LAMB_LR_DECAY_POLY_POWER, 1.0), (K.OPT_LAMB_EPSILON, eps)]
+    if o.name == "adam":  # AdamW semantics: decoupled weight decay (trainer/optim.py)
+        return [(K.OPT_ADAMW_WEIGHT_DECAY, wd), (K.OPT_ADAMW_BETA_1, beta1), (K.OPT_ADAMW_BETA_2, beta2),
+                (K.OPT_ADAMW_EPSILON, eps)]
+    if o.name == "madgrad":  # betas[0] is its momentum; betas[1] is unused
+        return [(K.OPT_WEIGHT_DECAY, wd), ("opt_madgrad_momentum", beta1), ("opt_madgrad_epsilon", eps)]
+    return [(K.OPT_WEIGHT_DECAY, wd), (f"opt_{o.name}_beta_1", beta1), (f"opt_{o.name}_beta_2", beta2),
+            (f"opt_{o.name}_epsilon", eps)]
 
 
 def log_cache_clear(path: str | Path) -> None:

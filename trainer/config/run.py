@@ -20,6 +20,13 @@ from trainer.config.base import ConfigProblem, Section
 # Samsung's strata: sequence-length bins by their inclusive upper edges (1-128, 129-256, ...).
 BIN_EDGES = (128, 256, 384, 512)
 
+# MLPerf Training's closed division fixes BERT's optimizer: the rules' hyperparameter table lists
+# LAMB's keys as the ones a submitter may choose, and the official checker's closed_bert.yaml
+# requires opt_lamb_epsilon, opt_lamb_beta_1/2 and opt_lamb_weight_decay_rate. Its schedule is the
+# reference's (optim.schedule nvidia) decaying over the logged opt_learning_rate_training_steps
+# (optim.max_steps). Anything else, Samsung's ADAM run included, is open division.
+CLOSED_OPTIMIZERS = ("lamb",)
+
 # A rank exits with this (EX_TEMPFAIL) after saving a checkpoint on SIGUSR2/SIGTERM; the job
 # script then requeues the job and the run resumes from the checkpoint.
 REQUEUE_EXIT_CODE = 75
@@ -236,20 +243,51 @@ class RunConfig(Section):
         if bal.exchange_padding == "group" and self.world_size % bal.group_size:
             problems.append(ConfigProblem(
                 "balance.group_size", f"{bal.group_size} does not divide the number of ranks ({self.world_size})"))
-        if bal.bin_quotas is not None and sum(bal.bin_quotas) != t.batch_size:
-            problems.append(ConfigProblem(
-                "balance.bin_quotas", f"{bal.bin_quotas} must add up to train.batch_size ({t.batch_size})"))
+        problems += self.stream_problems()
         if bal.packing and not rt.unpad:
             problems.append(ConfigProblem("balance.packing", "packed rows run on the unpadded path: set runtime.unpad true"))
         if self.data.max_seq_length > self.model.max_position_embeddings:
             problems.append(ConfigProblem(
                 "data.max_seq_length",
                 f"{self.data.max_seq_length} exceeds model.max_position_embeddings ({self.model.max_position_embeddings})"))
-        if self.mlperf.division == "closed" and t.target_accuracy < 0.720:
+        if self.mlperf.division == "closed":
+            problems += self.closed_division_problems()
+        return problems
+
+    def closed_division_problems(self) -> list[ConfigProblem]:
+        """What MLPerf's closed division forbids (see CLOSED_OPTIMIZERS); each says to set the division open."""
+        o, t, problems = self.optim, self.train, []
+        if o.name not in CLOSED_OPTIMIZERS:
+            problems.append(ConfigProblem("optim.name", f"{o.name} is not allowed in mlperf.division closed, which allows "
+                                                        f"{' or '.join(CLOSED_OPTIMIZERS)} only: set mlperf.division=open"))
+        if o.schedule != "nvidia":
+            problems.append(ConfigProblem("optim.schedule", f"{o.schedule} is not allowed in mlperf.division closed, which "
+                                                            "takes the reference's schedule (nvidia): set mlperf.division=open"))
+        if o.schedule_horizon != o.max_steps:
+            problems.append(ConfigProblem(
+                "optim.lr_max_steps", f"{o.lr_max_steps} differs from optim.max_steps ({o.max_steps}), which the log reports as "
+                                      "opt_learning_rate_training_steps: not allowed in mlperf.division closed; set it open"))
+        if t.target_accuracy < 0.720:
             problems.append(ConfigProblem(
                 "train.target_accuracy",
                 f"{t.target_accuracy} is below MLPerf's 0.720: set mlperf.division=open for a lower target"))
         return problems
+
+    def stream_problems(self) -> list[ConfigProblem]:
+        """Each data stream reads batch_size x ranks / streams samples per micro-step (trainer/data/dataset.py):
+        the streams must split evenly over the ranks and their samples, and stratified quotas fill one stream's batch."""
+        t, bal = self.train, self.balance
+        streams = self.data.streams or self.world_size
+        if streams % self.world_size or (t.batch_size * self.world_size) % streams:
+            return [ConfigProblem("data.streams", f"{streams} data streams cannot be split evenly over {self.world_size} "
+                                                  f"rank(s) x train.batch_size {t.batch_size}")]
+        per_stream = t.batch_size * self.world_size // streams
+        if bal.bin_quotas is not None and sum(bal.bin_quotas) != per_stream:
+            return [ConfigProblem(
+                "balance.bin_quotas", f"{bal.bin_quotas} add up to {sum(bal.bin_quotas)}, but each of the {streams} data "
+                                      f"stream(s) takes train.batch_size x ranks / streams = {t.batch_size} x {self.world_size} "
+                                      f"/ {streams} = {per_stream} samples per micro-step: the quotas must add up to {per_stream}")]
+        return []
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False, width=100)
