@@ -109,16 +109,33 @@ def resolved_config(exp: Experiment) -> dict[str, object]:
         return {}
 
 
+class Absent:
+    """A key an experiment's cluster.yaml does not have (written before the key existed)."""
+
+    def __repr__(self) -> str:
+        return "(absent)"
+
+    __str__ = __repr__
+
+
+ABSENT = Absent()
+
+
 def config_differences(a: Experiment, b: Experiment) -> list[tuple[str, object, object]]:
-    """(key, value in a, value in b) for every key whose resolved value differs."""
+    """(key, value in a, value in b) for every key whose resolved value differs; ABSENT where one
+    experiment lacks the key. A key one lacks and the other has as null (a key added since, unset:
+    its default is None) is no difference."""
     ca, cb = resolved_config(a), resolved_config(b)
-    missing = object()
     rows = []
     for key in sorted(set(ca) | set(cb)):
-        va, vb = ca.get(key, missing), cb.get(key, missing)
-        if va != vb:
-            rows.append((key, None if va is missing else va, None if vb is missing else vb))
+        va, vb = ca.get(key, ABSENT), cb.get(key, ABSENT)
+        if va != vb and not _unset_in_both(va, vb):
+            rows.append((key, va, vb))
     return rows
+
+
+def _unset_in_both(va, vb) -> bool:
+    return (va is ABSENT and vb is None) or (va is None and vb is ABSENT)
 
 
 def result_summary(exp: Experiment) -> dict[str, object]:

@@ -97,3 +97,26 @@ def test_a_bad_experiments_dir_is_refused_before_anything_is_written(bertctl_hom
     result = run_cli("submit", "--cluster", "local", "--nexp", "1", "-o", f"experiments_dir={value}")
     assert result.code == 2 and result.out == "" and message in result.err and result.err.count("\n") == 1, result.err
     assert not (bertctl_home / "experiments").exists() or experiments.load_all() == []
+
+
+def test_diff_shows_real_differences_and_no_phantom_ones(bertctl_home):
+    """An older experiment's cluster.yaml lacks the keys added since. One that is null in the newer
+    experiment (unset, default None) is no difference; one with a value shows as (absent)."""
+    import json
+
+    import yaml
+    from conftest import run_cli
+    from mllog_factory import make_experiment, tiny_closed_specs
+
+    old = make_experiment(tiny_closed_specs(2), cluster="local")
+    new = make_experiment(tiny_closed_specs(2), cluster="local", overrides=("run.optim.lr=0.02",))
+    raw = yaml.safe_load((old.path / "cluster.yaml").read_text())
+    assert raw["run"]["data"]["streams"] is None and raw["run"]["checkpoint"]["keep"] == 3
+    del raw["run"]["data"]["streams"], raw["run"]["checkpoint"]["keep"]  # keys the older bertctl did not have
+    (old.path / "cluster.yaml").write_text(yaml.safe_dump(raw))
+    result = run_cli("diff", old.id, new.id, "--json")
+    assert result.code == 0, result.err
+    rows = {row["key"]: (row[old.id], row[new.id]) for row in json.loads(result.out)["config"]}
+    assert rows == {"run.optim.lr": (0.01, 0.02), "run.checkpoint.keep": ("(absent)", 3)}
+    table = run_cli("diff", old.id, new.id)
+    assert "run.data.streams" not in table.out and "(absent)" in table.out and "None" not in table.out
