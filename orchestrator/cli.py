@@ -215,8 +215,10 @@ def cmd_plot(args: argparse.Namespace) -> int:
 def cmd_data_prepare(args: argparse.Namespace) -> int:
     from orchestrator import data
 
-    loaded = data.load_manifest(args.dataset, args.override)
-    result = data.prepare(loaded, cluster=args.cluster, workers=args.workers, force=args.force, wait=args.wait)
+    mine, the_clusters = data.split_overrides(args.override, with_cluster=args.cluster is not None)
+    loaded = data.load_manifest(args.dataset, mine)
+    result = data.prepare(loaded, cluster=args.cluster, workers=args.workers, force=args.force, wait=args.wait,
+                          cluster_overrides=the_clusters)
     print(" ".join(result.job_ids) if result.state == "submitted" and not args.wait else result.root)
     return 0
 
@@ -249,17 +251,19 @@ def add_data_verbs(verb) -> None:
     p = verb("data", None, "prepare and verify datasets (see datasets/*.yaml)")
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
 
-    def dataset_args(q: argparse.ArgumentParser) -> None:
+    def dataset_args(q: argparse.ArgumentParser, cluster_keys: bool = False) -> None:
         q.add_argument("--dataset", required=True, help="a dataset name (see `bertctl data list`) or a manifest YAML file")
+        also = ("; with --cluster, a key that is not the manifest's (its first part is not one of its sections) "
+                "overrides the cluster file, e.g. -o slurm.partition=cpu") if cluster_keys else ""
         q.add_argument("-o", dest="override", action="append", default=[], metavar="KEY.PATH=VALUE",
-                       help="override one value of the manifest, e.g. -o source.train=/data/tfrecords (repeatable)")
+                       help=f"override one value of the manifest, e.g. -o source.train=/data/tfrecords (repeatable){also}")
 
     q = actions.add_parser("prepare", help="build a dataset (locally, or as Slurm job arrays with --cluster)",
                            description="Build a dataset: locally with parallel worker processes, or as one Slurm job "
                                        "array per stage. Finished files are kept: a second call returns at once. "
                                        "stdout: the dataset folder (or the job ids when submitted without --wait).")
     q.set_defaults(fn=cmd_data_prepare)
-    dataset_args(q)
+    dataset_args(q, cluster_keys=True)
     q.add_argument("--cluster", help="run on this cluster's Slurm (a local-executor cluster runs here)")
     q.add_argument("--workers", type=_positive, help="local worker processes (default: one per core)")
     q.add_argument("--force", action="store_true", help="rebuild from scratch (removes what this dataset built before)")

@@ -108,6 +108,27 @@ def test_golden_data_job_scripts(case, tmp_path):
     assert subprocess.run(["bash", "-n", str(tmp_path / "job.sh")]).returncode == 0
 
 
+def test_prepare_overrides_reach_the_cluster_keys_by_a_stated_rule(monkeypatch, bertctl_home):
+    """A key whose first part is a manifest section is the manifest's; with --cluster any other is the
+    cluster file's: a data job can go to another partition or account without editing a file."""
+    overrides = ["source.parts=3", "slurm.partition=cpu", "slurm.account=lab", "prepare.array_tasks=2"]
+    mine, clusters = data.split_overrides(overrides, with_cluster=True)
+    assert mine == ["source.parts=3", "prepare.array_tasks=2"] and clusters == ["slurm.partition=cpu", "slurm.account=lab"]
+    assert data.split_overrides(overrides, with_cluster=False) == (overrides, [])
+    script = data.render_stage(data.load_manifest("sample", mine), load_cluster("ci_slurm", clusters), "examples", 9,
+                               ["corpus", "examples", "combine", "finish"], 2, None)
+    assert "#SBATCH --partition=cpu\n#SBATCH --account=lab\n" in script and "--partition=debug" not in script
+    assert "#SBATCH --array=0-1\n" in script  # the manifest's override too
+    assert ("bertctl data prepare --dataset sample --cluster ci_slurm -o source.parts=3 -o prepare.array_tasks=2 "
+            "-o slurm.partition=cpu -o slurm.account=lab") in script
+    monkeypatch.setenv("PATH", "/nonexistent")  # up to the submission: the overrides were taken
+    result = run_cli("data", "prepare", "--dataset", "sample", "--cluster", "ci_slurm", "-o", "slurm.partition=cpu")
+    assert result.code == 2 and "sbatch not found" in result.err, result.err
+    typo = run_cli("data", "prepare", "--dataset", "sample", "--cluster", "ci_slurm", "-o", "slurm.partiton=cpu")
+    assert typo.code == 2 and typo.err.count("\n") == 1 and "unknown key 'slurm.partiton'" in typo.err
+    assert "valid keys under slurm: account," in typo.err and not (bertctl_home / "datasets").exists()
+
+
 def test_array_sizes_group_tasks_and_chain_stages():
     wiki = render_case("data_prepare_mlperf_wiki_nvidia_8x8")
     assert "#SBATCH --array=0-128\n" in wiki  # 129 combine tasks fit under array_tasks 256

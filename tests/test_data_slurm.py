@@ -38,3 +38,11 @@ def test_a_failing_stage_fails_the_wait_with_its_error_and_cancels_the_rest(tmp_
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("bertctl: stage corpus (job ") and "failed" in last
     assert "for 600 parts: use more documents or fewer parts" in last
+
+
+def test_a_cluster_key_given_with_o_reaches_sbatch(tmp_path):
+    """-o slurm.partition goes to the cluster file: sbatch itself refuses the partition that does not exist."""
+    result = bertctl("data", "prepare", "--dataset", "sample", "--cluster", "ci_slurm", "-o", "slurm.partition=nosuchpart",
+                     home=tmp_path / "home", timeout=120)
+    assert result.returncode == 2 and "sbatch refused the job" in result.stderr, result.stderr
+    assert "invalid partition" in result.stderr.lower(), result.stderr

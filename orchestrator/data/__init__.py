@@ -1,7 +1,8 @@
 """`bertctl data prepare|verify|list` and `bertctl convert-checkpoint`: the control-plane side.
 
 The manifest (datasets/<name>.yaml) is loaded, overridden with `-o key.path=value` and validated
-here (`manifest`); the work runs in trainer-side worker processes (`workers`), so that the control
+here (`manifest`); with --cluster, `-o` also reaches the cluster file's keys (`split_overrides`
+says which file a key belongs to); the work runs in trainer-side worker processes (`workers`), so that the control
 plane never imports torch:
 
   locally     a pool of worker processes, stage after stage, with progress (`local`, `progress`);
@@ -27,6 +28,7 @@ from orchestrator.data.manifest import (
     find_manifest,
     load_manifest,
     manifest_files,
+    split_overrides,
     write_manifest,
 )
 from orchestrator.data.slurm_arrays import array_groups, prepare_on_slurm, render_stage
@@ -34,18 +36,20 @@ from orchestrator.errors import UserError
 from trainer.config import PathError, expand_path
 
 __all__ = ["LoadedManifest", "Prepared", "array_groups", "convert_checkpoint", "describe", "find_manifest",
-           "load_manifest", "manifest_files", "prepare", "render_stage", "verify"]
+           "load_manifest", "manifest_files", "prepare", "render_stage", "split_overrides", "verify"]
 
 
 def prepare(loaded: LoadedManifest, cluster: str | None = None, workers: int | None = None, force: bool = False,
-            wait: bool = False, say: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> Prepared:
-    """Build the dataset here, or on the Slurm cluster named by `cluster` (a local cluster builds here)."""
+            wait: bool = False, say: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
+            cluster_overrides: list[str] | tuple[str, ...] = ()) -> Prepared:
+    """Build the dataset here, or on the Slurm cluster named by `cluster`, with `cluster_overrides`
+    applied to its file (a local cluster builds here)."""
     check_inputs(loaded)
     slurm = None
     if cluster is not None:
         from orchestrator.clusters import load_cluster
 
-        slurm = load_cluster(cluster)
+        slurm = load_cluster(cluster, list(cluster_overrides))  # a bad key or value: one line before any work
         if slurm.config.executor != "slurm":
             slurm = None
     if slurm is None:

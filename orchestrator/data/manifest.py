@@ -26,6 +26,18 @@ def load_manifest(name: str, overrides: list[str] | tuple[str, ...] = ()) -> Loa
     return configfile.load_named("datasets", name, overrides, DatasetManifest, "dataset", "--dataset")
 
 
+def split_overrides(overrides: list[str], with_cluster: bool) -> tuple[list[str], list[str]]:
+    """(the manifest's, the cluster's) of `data prepare`'s -o overrides. The rule: a key whose first
+    part is a section of the dataset manifest (`name`, `root`, `source`, `prepare`, ...) is the
+    manifest's; with --cluster, any other key is the cluster file's (`slurm.partition`,
+    `slurm.account`, `container.image`, ...), checked against the cluster schema. Without --cluster
+    every key is the manifest's."""
+    if not with_cluster:
+        return list(overrides), []
+    mine = [o for o in overrides if o.partition("=")[0].strip().split(".")[0] in DatasetManifest.model_fields]
+    return mine, [o for o in overrides if o not in mine]
+
+
 def check_inputs(loaded: LoadedManifest) -> None:
     """What can be said before any worker starts: inputs the manifest still needs. (A manifest may leave
     them unset, to be given with -o at prepare time, so this is not a rule of the schema.)"""

@@ -75,13 +75,13 @@ def render_stage(loaded: LoadedManifest, cluster, stage: str, tasks: int, stages
     c = cluster.config
     array_size, group_size = array_groups(tasks, loaded.config.prepare.array_tasks)
     return render_template(
-        "data_prepare.sbatch.j2", version=__version__, source=loaded.source, overrides=list(loaded.overrides),
+        "data_prepare.sbatch.j2", version=__version__, source=loaded.source, overrides=[*loaded.overrides, *cluster.overrides],
         dataset=loaded.config.name, stage=stage, stages=stages, position=position, tasks=tasks,
         array_size=array_size, group_size=group_size, after=after, c=c,
         sbatch_options=data_sbatch_options(c, loaded.config.name, stage, array_size, after),
         env=sorted(c.node.env.items()), mounts=",".join(f"{m.host}:{m.container}" for m in c.container.mounts),
         submit_command=shlex.join(["bertctl", "data", "prepare", "--dataset", loaded.config.name, "--cluster", c.name,
-                                   *[w for o in loaded.overrides for w in ("-o", o)]]),
+                                   *[w for o in (*loaded.overrides, *cluster.overrides) for w in ("-o", o)]]),
     )
 
 
