@@ -163,3 +163,42 @@ def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 def test_the_cycle_finder_finds_a_cycle():
     assert find_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_loss_row_names_the_functions_a_training_step_calls():
+    """The step table's loss row once named pretraining_loss_sums, which training never calls: follow
+    the calls of a training forward (model(batch, loss_sums=True), as Trainer.forward_backward makes it)."""
+    import sys
+
+    import numpy as np
+
+    from trainer.config import ModelConfig
+    from trainer.data.batch import collate
+    from trainer.data.layout import Sample
+    from trainer.model import BertForPreTraining
+
+    cfg = ModelConfig(num_layers=1, hidden_size=32, num_heads=2, intermediate_size=64, vocab_size=64, max_position_embeddings=64)
+    model = BertForPreTraining(cfg)
+    ids, positions = np.arange(5, 37), np.array([3, 9, 20])
+    sample = Sample(ids, (np.arange(32) >= 16).astype(np.int64), positions, ids[positions], 1)
+    batch = collate([sample] * 2, unpadded=False)
+    called = set()
+
+    def record(frame, event, arg):
+        if event == "call":
+            path = Path(frame.f_code.co_filename)
+            if REPO in path.parents:
+                called.add(f"{path.relative_to(REPO)}::{frame.f_code.co_name}")
+
+    sys.setprofile(record)
+    try:
+        mlm, nsp = model(batch, loss_sums=True)
+    finally:
+        sys.setprofile(None)
+    (mlm + nsp).backward()
+    row = next(line for line in DOC.splitlines() if line.startswith("| loss |"))
+    taken = {"trainer/mlm_loss.py::masked_lm_loss_sum", "trainer/model.py::nsp_loss_sum"}
+    assert taken <= called and "trainer/model.py::pretraining_loss_sums" not in called
+    assert all(name in row for name in taken), row
+    first_named = PATH_REF.search(row.split("|")[3])
+    assert f"{first_named.group(1)}::{first_named.group(2)}" in called  # the row's first function is one training calls
