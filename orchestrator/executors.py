@@ -65,10 +65,13 @@ class ScriptExecutor(core.PicklingExecutor):
         """Submit the script (its copy at `path` is the experiment's record); the scheduler's refusal
         is SubmissionRefused with its message (submitit would also print it)."""
         quiet = io.StringIO()
+        before = set(self.folder.iterdir()) if self.folder.is_dir() else set()
         try:
             with contextlib.redirect_stderr(quiet):
                 return self.submit(BatchScript(path))
         except (utils.FailedJobError, utils.FailedSubmissionError, OSError) as e:
+            for leftover in set(self.folder.iterdir()) - before:  # submitit's pickle and batch file
+                leftover.unlink()
             message = str(e).strip() or quiet.getvalue().strip()
             raise SubmissionRefused(message.splitlines()[-1] if message else type(e).__name__) from None
 
@@ -99,7 +102,7 @@ class SlurmScriptExecutor(ScriptExecutor):
 
     def _make_submission_command(self, submission_file_path: Path) -> list[str]:
         return self.in_environment(["sbatch", "--parsable", f"--chdir={self.folder}", *self.sbatch_flags,
-                                       str(submission_file_path)])
+                                    str(submission_file_path)])
 
     @staticmethod
     def _get_job_id_from_submission_command(string: bytes | str) -> str:

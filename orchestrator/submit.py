@@ -103,7 +103,8 @@ def job_environment(container: str) -> dict[str, str]:
 
 
 def test_only(cluster: LoadedCluster, nexp: int, program: str = "train") -> str:
-    """`sbatch --test-only`: Slurm checks account, partition and limits and says when it would start."""
+    """`sbatch --test-only`: Slurm checks account, partition and limits and says when it would start.
+    A question, not a submission (no job, no handle), so sbatch is asked directly, not through the executor."""
     if cluster.config.executor != "slurm":
         raise UserError("--test-only needs a Slurm cluster (executor: slurm)", where="--cluster")
     require_slurm()

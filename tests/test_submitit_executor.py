@@ -151,6 +151,7 @@ def test_a_refused_submission_is_one_line_without_sbatchs_own_noise(tmp_path, ca
         executor.submit_script(tmp_path / "job.sbatch")
     assert "\n" not in str(refused.value)
     assert capfd.readouterr().err == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job.sbatch"]  # submitit's files went with the job
 
 
 @pytest.mark.slurm
