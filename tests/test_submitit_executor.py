@@ -86,6 +86,35 @@ def test_parsable_answers_give_the_job_id_and_anything_else_is_refused():
         SlurmScriptExecutor._get_job_id_from_submission_command("Submitted batch job 12")
 
 
+def test_status_asks_the_scheduler_once_for_every_experiment_and_array_element(bertctl_home, monkeypatch):
+    """Three experiments, an array among them: one sacct call names every job, and its table (read by
+    submitit's watcher) gives each element its own state."""
+    import dataclasses
+
+    from orchestrator import experiments, scheduler, status
+    from orchestrator.experiments import Experiment
+
+    def make(job_ids, array=False):
+        exp = Experiment(id=experiments.new_id("c"), cluster="c", cluster_source="x.yaml", executor="slurm", nexp=2,
+                         seeds=[0, 1], program="train", overrides=[], script="job.sbatch", created=1.0, dir="")
+        return experiments.create(dataclasses.replace(exp, job_ids=job_ids, history=job_ids, array=array), {})
+
+    exps = [make(["31"]), make(["32_0", "32_1"], array=True), make(["33"])]
+    calls = []
+
+    def sacct(command, ok_codes=(0,)):
+        calls.append(command)
+        return "JobID|State|NNodes|Elapsed|ExitCode|NodeList|Reason\n31|COMPLETED|2|0:10|0:0|node[1-2]|None\n" \
+               "32_0|RUNNING|1|0:03|0:0|node1|None\n32_[1]|PENDING|1|0:00|0:0|None assigned|Priority\n33|FAILED|2|0:01|1:0|node[1-2]|None\n"
+
+    monkeypatch.setattr(scheduler, "_run", sacct)
+    views = status.collect(exps)
+    assert len(calls) == 1 and calls[0][:2] == ["sacct", "-X"]
+    assert [a for a in calls[0] if a.isdigit()] == ["31", "32", "33"]
+    assert [v.state.value for v in views] == ["FAILED", "RUNNING", "FAILED"]  # no run wrote an exit: the job ended without it
+    assert [r.job_id for r in views[1].runs] == ["32_0", "32_1"] and views[1].runs[1].state.value == "PENDING"
+
+
 SCRIPT = """#!/bin/bash
 # a stand-in for bertctl's local script: it writes job.exit as bertctl's does
 EXP_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
