@@ -132,9 +132,9 @@ def _info(job: str, stats: dict[str, str]) -> JobInfo:
     )
 
 
-def _run(command: list[str], ok_codes: tuple[int, ...] = (0,), env: dict[str, str] | None = None) -> str:
+def _run(command: list[str], ok_codes: tuple[int, ...] = (0,)) -> str:
     try:
-        out = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env)
+        out = subprocess.run(command, capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise SchedulerError(f"{command[0]}: {e}") from None
     if out.returncode not in ok_codes:
