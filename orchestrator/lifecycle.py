@@ -4,28 +4,29 @@ recipe as a new experiment, compare two experiments."""
 from __future__ import annotations
 
 import dataclasses
-import signal
+import subprocess
 
-from orchestrator import configfile, experiments, scheduler, status
+from orchestrator import configfile, experiments, status
 from orchestrator.errors import UserError, WorkFailed
+from orchestrator.executors import LocalScriptJob, slurm_job
 from orchestrator.experiments import Experiment
 from orchestrator.scheduler import State
 
 
 def cancel(exp: Experiment) -> bool:
-    """Cancel the experiment's jobs; False when there was nothing left to cancel (its outcome stays)."""
+    """Cancel the experiment's jobs through their submitit handles; False when there was nothing left
+    to cancel (its outcome stays)."""
     if exp.executor == "local":
-        alive = [job for job in exp.job_ids if scheduler.local_job_alive(job, exp.path)]
-        if not alive:
-            return False
-        (exp.path / "job.cancelled").touch()
+        alive = [job for job in (LocalScriptJob(exp.path, j) for j in exp.job_ids) if job.alive()]
         for job in alive:
-            scheduler.signal_local(job, exp.path, signal.SIGTERM)  # what scancel sends first
-        return True
-    try:
-        scheduler.cancel_slurm(sorted({j.split("_")[0] for j in exp.job_ids}))
-    except scheduler.SchedulerError as e:
-        raise WorkFailed(f"scancel failed: {e}") from None
+            job.cancel()
+        return bool(alive)
+    # one handle per submission: cancelling an array's id cancels every element it still has
+    for job_id in sorted({j.split("_")[0] for j in exp.job_ids}):
+        try:
+            slurm_job(exp.path, job_id).cancel(check=True)
+        except (subprocess.CalledProcessError, OSError) as e:
+            raise WorkFailed(f"scancel {job_id} failed: {e}") from None
     return True
 
 

@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 
 from orchestrator import configfile, status
 from orchestrator.errors import UserError
+from orchestrator.executors import batch_outputs
 from orchestrator.experiments import Experiment
 from orchestrator.scheduler import State
 from trainer.topology import parse_cpu_list
@@ -97,7 +98,7 @@ def launch_failure(exp: Experiment, run: int, rv) -> Check:
 
 def pyxis_error(exp: Experiment, run: int) -> str | None:
     """The container runtime's own complaint, which says more than the script's line after it."""
-    for path in [exp.log_file(run), *sorted(exp.path.glob("slurm-*.out"))]:
+    for path in [exp.log_file(run), *batch_outputs(exp.executor, exp.path, exp.history)]:
         try:
             lines = path.read_text(errors="replace").splitlines()
         except OSError:

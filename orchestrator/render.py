@@ -102,7 +102,8 @@ def sbatch_options(c: ClusterConfig, nexp: int) -> list[str]:
         ("cpus-per-task", r.cpus_per_task),
         *where_and_how_long(s),
         ("mem", s.mem),
-        ("output", "slurm-%A_%a.out" if array else "slurm-%j.out"),
+        # named as submitit's JobPaths names a job's output, so that its `Job.stdout()` reads it
+        ("output", "%A_%a_0_log.out" if array else "%j_0_log.out"),
         ("array", f"0-{nexp - 1}" if array else None),
         # ranks get SIGUSR2 this long before the time limit, checkpoint, and the job requeues itself
         ("signal", f"USR2@{s.signal_seconds}" if s.signal_seconds else None),

@@ -1,17 +1,29 @@
 """Asking the scheduler about jobs: one batched `sacct` call, with `squeue` when accounting is off.
 
 Slurm has two dozen job states; bertctl shows seven (`State`). The table below is the one place
-where Slurm's names are mapped. Local-executor jobs have no scheduler: their state comes from the
-controller's process and the exit status the script leaves in `job.exit`.
+where Slurm's names are mapped. Local-executor jobs have no scheduler: their state comes from their
+handle (orchestrator/executors.py::LocalScriptJob: the script's process and the exit status it
+leaves in `job.exit`).
+
+Why not submitit's `SlurmJob.state`: its watcher batches every registered job into one `sacct` call
+too, but asks only for JobID, State and NodeList, while `status` also needs ExitCode (a job that
+stopped at an interrupted run), NNodes, Elapsed and Reason; changing its columns means overriding
+its `_make_command`, which reads the watcher's private `_registered`/`_finished` sets; and its
+`update` turns a failed `sacct` into a logged warning, where bertctl asks `squeue` instead (clusters
+without accounting) and shows the error on each job. So the query is bertctl's, one call for all
+experiments, and the table is read by the watcher's public `read_info`.
 """
 
 from __future__ import annotations
 
 import enum
-import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+
+from submitit import SlurmJob
+
+from orchestrator.executors import LocalScriptJob
 
 
 class State(str, enum.Enum):
@@ -100,31 +112,10 @@ def query_slurm(job_ids: list[str]) -> dict[str, JobInfo]:
 
 
 def parse_table(table: str) -> dict[str, dict[str, str]]:
-    """`--parsable2` output (a header line, then `|`-separated rows) by job id. Array elements are
-    `123_4`; a pending array's summary row `123_[4-9%2]` stands for each of its elements."""
-    lines = [line for line in table.splitlines() if line.strip()]
-    if not lines:
-        return {}
-    header = lines[0].split("|")
-    rows: dict[str, dict[str, str]] = {}
-    for line in lines[1:]:
-        stats = dict(zip(header, line.split("|")))
-        for job in expand_array_id(stats.get("JobID", "")):
-            rows[job] = stats
-    return rows
-
-
-def expand_array_id(job: str) -> list[str]:
-    """'7_[0-2,5%2]' -> ['7_0', '7_1', '7_2', '7_5']; any other id unchanged."""
-    base, sep, rest = job.partition("_[")
-    if not sep:
-        return [job] if job else []
-    ids = []
-    for part in rest.rstrip("]").split("%")[0].split(","):
-        lo, _, hi = part.partition("-")
-        if lo.isdigit():
-            ids += [f"{base}_{i}" for i in range(int(lo), int(hi or lo) + 1)]
-    return ids
+    """`--parsable2` output (a header line, then `|`-separated rows) by job id, read by submitit's
+    watcher: array elements are `123_4`, and a pending array's summary row `123_[4-9%2]` stands for
+    each of its elements."""
+    return SlurmJob.watcher.read_info(table)
 
 
 def _info(job: str, stats: dict[str, str]) -> JobInfo:
@@ -141,9 +132,9 @@ def _info(job: str, stats: dict[str, str]) -> JobInfo:
     )
 
 
-def _run(command: list[str], ok_codes: tuple[int, ...] = (0,), env: dict[str, str] | None = None) -> str:
+def _run(command: list[str], ok_codes: tuple[int, ...] = (0,)) -> str:
     try:
-        out = subprocess.run(command, capture_output=True, text=True, timeout=60, env=env)
+        out = subprocess.run(command, capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise SchedulerError(f"{command[0]}: {e}") from None
     if out.returncode not in ok_codes:
@@ -151,70 +142,13 @@ def _run(command: list[str], ok_codes: tuple[int, ...] = (0,), env: dict[str, st
     return out.stdout
 
 
-def cancel_slurm(job_ids: list[str]) -> None:
-    _run(["scancel", *job_ids])
-
-
-def sbatch(script: Path, workdir: Path, extra: list[str] = (), env: dict[str, str] | None = None) -> str:
-    """Submit a script with `sbatch --parsable`, from `workdir`, in `env`; returns the job id."""
-    out = _run(["sbatch", "--parsable", f"--chdir={workdir}", *extra, str(script)], env=env)
-    job_id = out.strip().splitlines()[-1].split(";")[0] if out.strip() else ""
-    if not job_id.isdigit():
-        raise SchedulerError(f"sbatch: unexpected answer {out.strip()!r}")
-    return job_id
-
-
-# ---- the local executor: the script as a detached process group on this machine
-
-LOCAL_LAUNCHER = 'setsid bash "$1" </dev/null >>"$2" 2>&1 & echo $!'
-
-
-def start_local(script: Path, log: Path, workdir: Path, env: dict[str, str] | None = None) -> str:
-    """Start `bash script` detached: its own session (so `cancel` can signal the whole group), stdin
-    from /dev/null and its output appended to `log` (so `EXP=$(bertctl submit ...)` returns at once),
-    started in the background by a shell that exits at once (so init reaps it, not us). The job id is
-    its pid."""
-    out = subprocess.run(["bash", "-c", LOCAL_LAUNCHER, "bertctl-local", str(script), str(log)],
-                         capture_output=True, text=True, cwd=workdir, env=env, timeout=30)
-    pid = out.stdout.strip()
-    if out.returncode or not pid.isdigit():
-        raise SchedulerError(f"could not start {script}: {out.stderr.strip() or out.returncode}")
-    return pid
-
-
 def local_job_info(job_id: str, exp_dir: Path) -> JobInfo:
     """A local job is its script's process; the script writes job.exit when it ends."""
-    exit_file = exp_dir / "job.exit"
-    if (exp_dir / "job.cancelled").exists():
-        return JobInfo(job_id, State.CANCELLED, "CANCELLED")
-    if local_job_alive(job_id, exp_dir):
-        return JobInfo(job_id, State.RUNNING, "RUNNING", 1)
-    if exit_file.exists():
-        code = exit_file.read_text().strip()
-        return JobInfo(job_id, State.COMPLETED if code == "0" else State.FAILED, f"exit {code}", 1, exit_code=code)
-    return JobInfo(job_id, State.FAILED, "GONE", 1, reason="the job's process ended without an exit status")
-
-
-def local_job_alive(job_id: str, exp_dir: Path) -> bool:
-    """The pid is alive and still runs this experiment's script (not a recycled pid)."""
-    try:
-        cmdline = Path(f"/proc/{int(job_id)}/cmdline").read_bytes()
-    except (OSError, ValueError):
-        return False
-    return str(exp_dir).encode() in cmdline and _not_zombie(int(job_id))
-
-
-def _not_zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def signal_local(job_id: str, exp_dir: Path, sig: int) -> None:
-    """Signal the job's whole process group (the script and every rank it started)."""
-    if local_job_alive(job_id, exp_dir):
-        try:
-            os.killpg(int(job_id), sig)
-        except ProcessLookupError:
-            pass
+    job = LocalScriptJob(exp_dir, job_id)
+    state = job.state
+    if state == "UNKNOWN":
+        return JobInfo(job_id, State.FAILED, "GONE", 1, reason="the job's process ended without an exit status")
+    if state in ("COMPLETED", "FAILED"):
+        code = job.exit_code() or ""
+        return JobInfo(job_id, map_slurm_state(state), f"exit {code}", 1, exit_code=code)
+    return JobInfo(job_id, map_slurm_state(state), state, 1)

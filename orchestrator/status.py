@@ -15,6 +15,7 @@ from pathlib import Path
 import yaml
 
 from orchestrator import results, scheduler
+from orchestrator.executors import batch_outputs
 from orchestrator.experiments import Experiment
 from orchestrator.scheduler import JobInfo, State
 from trainer.config import REQUEUE_EXIT_CODE
@@ -167,7 +168,7 @@ def add_progress(rv: RunView, exp: Experiment) -> None:
 
 def last_error(exp: Experiment, run: int, job: JobInfo) -> str | None:
     """The most telling line of the run's log (or the job's), for the status table."""
-    candidates = [exp.log_file(run), *sorted(exp.path.glob("slurm-*.out")), exp.path / "job.log"]
+    candidates = [exp.log_file(run), *batch_outputs(exp.executor, exp.path, exp.history)]
     for path in candidates:
         line = _telling_line(path)
         if line:

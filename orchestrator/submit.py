@@ -1,15 +1,14 @@
-"""Submission: render, record the experiment, hand the script to the scheduler.
+"""Submission: render, record the experiment, submit the script through submitit.
 
-Slurm gets the rendered script through `sbatch --parsable` (the job id is its answer); the local
-executor starts it detached on this machine (orchestrator/scheduler.py). Either way `submit`
-returns as soon as the job exists. The experiment is written first and removed again if the
+The rendered script is the batch file of a submitit executor (orchestrator/executors.py): on Slurm
+`sbatch --parsable` submits it (the job id is its answer), on this machine it starts detached.
+Either way `submit` returns as soon as the job exists. The experiment is written first and removed again if the
 scheduler refuses the job, so a failed submit leaves nothing behind.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import shutil
 import subprocess
 import sys
@@ -18,10 +17,11 @@ from pathlib import Path
 
 import yaml
 
-from orchestrator import experiments, resources, scheduler
+from orchestrator import experiments, resources
 from orchestrator import render as rendering
 from orchestrator.clusters import LoadedCluster
 from orchestrator.errors import UserError, WorkFailed
+from orchestrator.executors import LocalScriptExecutor, SlurmScriptExecutor, SubmissionRefused
 from orchestrator.experiments import Experiment
 from trainer.config import PathError, expand_path
 
@@ -60,19 +60,26 @@ def submit(cluster: LoadedCluster, nexp: int, program: str = "train") -> Experim
 
 
 def launch(exp: Experiment, runs: list[int] | None = None) -> list[str]:
-    """Start the experiment's script; returns the job id of each run (arrays: one element per run).
-    `runs`: in array mode, only these runs' elements (a resume); the script skips finished runs."""
+    """Submit the experiment's script through its submitit executor; returns the job id of each run
+    (arrays: one element per run). `runs`: in array mode, only these runs' elements (a resume); the
+    script skips finished runs."""
+    script = exp.path / exp.script
     env = job_environment(exp.container)
     if exp.executor == "local":
-        return [scheduler.start_local(exp.path / exp.script, exp.path / "job.log", exp.path, env)]
-    extra = [f"--array={','.join(str(r) for r in runs)}"] if exp.array and runs is not None else []
+        executor = LocalScriptExecutor(exp.path, script.read_text(), env, script_name=exp.script)
+        try:
+            return [executor.submit_script(script).job_id]
+        except SubmissionRefused as e:
+            raise WorkFailed(f"could not start {script}: {e}") from None
+    flags = [f"--array={','.join(str(r) for r in runs)}"] if exp.array and runs is not None else []
+    executor = SlurmScriptExecutor(exp.path, script.read_text(), env, sbatch_flags=flags)
     try:
-        job = scheduler.sbatch(exp.path / exp.script, exp.path, extra, env)
-    except scheduler.SchedulerError as e:
+        job = executor.submit_script(script)
+    except SubmissionRefused as e:
         raise UserError(f"sbatch refused the job: {e}", where="sbatch") from None
     if exp.array:
-        return [f"{job}_{i}" for i in (runs if runs is not None else range(exp.nexp))]
-    return [job]
+        return [f"{job.job_id}_{i}" for i in (runs if runs is not None else range(exp.nexp))]
+    return [job.job_id]
 
 
 def build_wheel(folder: Path) -> Path:
@@ -90,16 +97,14 @@ def build_wheel(folder: Path) -> Path:
 
 
 def job_environment(container: str) -> dict[str, str]:
-    """The job's environment. Without a container the job runs the Python that submitted it (sbatch
-    and the local executor pass this environment on)."""
-    env = dict(os.environ)
-    if container == "none":
-        env["BERTCTL_PYTHON"] = sys.executable
-    return env
+    """What the job's environment adds to this one. Without a container the job runs the Python that
+    submitted it (sbatch and the local executor pass the submitting environment on)."""
+    return {"BERTCTL_PYTHON": sys.executable} if container == "none" else {}
 
 
 def test_only(cluster: LoadedCluster, nexp: int, program: str = "train") -> str:
-    """`sbatch --test-only`: Slurm checks account, partition and limits and says when it would start."""
+    """`sbatch --test-only`: Slurm checks account, partition and limits and says when it would start.
+    A question, not a submission (no job, no handle), so sbatch is asked directly, not through the executor."""
     if cluster.config.executor != "slurm":
         raise UserError("--test-only needs a Slurm cluster (executor: slurm)", where="--cluster")
     require_slurm()

@@ -20,6 +20,7 @@ from orchestrator.data import workers
 from orchestrator.data.local import Prepared
 from orchestrator.data.manifest import LoadedManifest, write_manifest
 from orchestrator.errors import UserError, WorkFailed
+from orchestrator.executors import SlurmScriptExecutor, SubmissionRefused
 
 
 def prepare_on_slurm(loaded: LoadedManifest, cluster, force: bool, wait: bool, say) -> Prepared:
@@ -106,13 +107,14 @@ def data_sbatch_options(c, dataset: str, stage: str, array_size: int, after: str
 
 
 def submit_stage(path: Path, job_dir: Path, container: str) -> str:
-    """sbatch the stage's script. Without a container the job runs the Python that submitted it
-    (sbatch passes this environment on)."""
+    """Submit the stage's script through the same submitit executor as a training job (its batch
+    file: the script at `path`). Without a container the job runs the Python that submitted it."""
     from orchestrator.submit import job_environment
 
+    executor = SlurmScriptExecutor(job_dir, path.read_text(), job_environment(container))
     try:
-        return scheduler.sbatch(path, job_dir, env=job_environment(container))
-    except scheduler.SchedulerError as e:
+        return executor.submit_script(path).job_id
+    except SubmissionRefused as e:
         raise UserError(f"sbatch refused the job: {e}", where="sbatch") from None
 
 

@@ -11,7 +11,7 @@
 #SBATCH --cpus-per-task=1
 #SBATCH --partition=debug
 #SBATCH --time=00:30:00
-#SBATCH --output=slurm-%j.out
+#SBATCH --output=%j_0_log.out
 #SBATCH --signal=USR2@30
 #SBATCH --open-mode=append
 #SBATCH --requeue

@@ -11,7 +11,7 @@
 #SBATCH --cpus-per-task=1
 #SBATCH --partition=debug
 #SBATCH --time=00:30:00
-#SBATCH --output=slurm-%A_%a.out
+#SBATCH --output=%A_%a_0_log.out
 #SBATCH --array=0-2
 #SBATCH --signal=USR2@30
 #SBATCH --open-mode=append

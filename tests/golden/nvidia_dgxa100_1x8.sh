@@ -11,7 +11,7 @@
 #SBATCH --gpus-per-node=8
 #SBATCH --time=01:15:00
 #SBATCH --mem=0
-#SBATCH --output=slurm-%j.out
+#SBATCH --output=%j_0_log.out
 #SBATCH --signal=USR2@90
 #SBATCH --open-mode=append
 #SBATCH --exclusive
