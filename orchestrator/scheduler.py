@@ -13,6 +13,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from trainer.config.regular import read_regular_text
+
 
 class State(str, enum.Enum):
     PENDING = "PENDING"
@@ -190,7 +192,10 @@ def local_job_info(job_id: str, exp_dir: Path) -> JobInfo:
     if local_job_alive(job_id, exp_dir):
         return JobInfo(job_id, State.RUNNING, "RUNNING", 1)
     if exit_file.exists():
-        code = exit_file.read_text().strip()
+        try:
+            code = read_regular_text(exit_file, limit=64).strip()
+        except (OSError, UnicodeDecodeError) as e:  # a FIFO there must not block `status`
+            return JobInfo(job_id, State.FAILED, "GONE", 1, reason=f"job.exit unreadable: {getattr(e, 'strerror', e)}")
         return JobInfo(job_id, State.COMPLETED if code == "0" else State.FAILED, f"exit {code}", 1, exit_code=code)
     return JobInfo(job_id, State.FAILED, "GONE", 1, reason="the job's process ended without an exit status")
 
