@@ -71,7 +71,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     from orchestrator import experiments, status
 
     damaged = []
-    if args.experiment:
+    if args.experiment is not None:  # `status ""` is refused, not a listing of everything
         views = status.collect([experiments.find(args.experiment)])
     else:
         found, damaged = experiments.load_registry()
