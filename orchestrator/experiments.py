@@ -254,6 +254,8 @@ def experiment_from_record(data, name: str) -> Experiment:
         ("executor", exp.executor not in ("slurm", "local"), "must be slurm or local"),
         ("program", exp.program not in ("train", "probe"), "must be train or probe"),
         ("script", exp.script not in ("job.sh", "job.sbatch"), "must be job.sh or job.sbatch"),
+        ("steps", any(step not in ("prepare", "phase1") for step in exp.steps), "must be prepare or phase1"),
+        ("container", exp.container not in ("none", "pyxis"), "must be none or pyxis"),
         ("created", not 0 <= exp.created < 1e11, "must be a time in seconds since 1970"),
         ("job_ids", len(exp.job_ids) not in (0, 1, exp.nexp), f"must be none, one, or one per run ({exp.nexp})"),
         ("job_ids", any(not JOB_ID_RE.match(j) for j in exp.job_ids + exp.history), "must be job ids (digits)"),

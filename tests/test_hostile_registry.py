@@ -74,6 +74,8 @@ DAMAGE = {
     "job id number": {"job_ids": [17]},
     "script outside": {"script": "../../../bin/sh"},
     "unknown executor": {"executor": "pbs"},
+    "step outside": {"steps": ["../../../etc/passwd"]},  # `--follow` reads logs/<step>.log
+    "unknown container": {"container": "docker"},
     "lone surrogate": {"cluster": "\ud800"},  # json.dumps writes the \\ud800 escape
     "deep nesting": "[" * 100_000 + "]" * 100_000,
     "5000-digit nexp": '{"nexp": 1%s}' % ("0" * 5000),
