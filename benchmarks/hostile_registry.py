@@ -1,6 +1,6 @@
 """Hostile input against the registry, references, node.env, files and YAML: generated cases, counted.
 
-    python benchmarks/hostile_registry.py [--cases 300] [--seed 0] [--jobs 2] [--timeout 20]
+    python benchmarks/hostile_registry.py [--cases 300] [--seed 0] [--jobs 2] [--timeout 20] [--classes record,env,...]
 
 Every case builds its own $BERTCTL_HOME (an experiment registry with one good experiment and, for
 some classes, one damaged one) and runs one `bertctl` verb as a process, as a user would, with a
@@ -375,17 +375,19 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--jobs", type=int, default=2, help="cases run at once")
     parser.add_argument("--timeout", type=float, default=20.0, help="seconds before a case counts as a hang")
+    parser.add_argument("--classes", default=",".join(CLASSES), help="comma-separated classes to draw from")
     args = parser.parse_args()
+    classes = {kind: CLASSES[kind] for kind in args.classes.split(",")}
     rng = random.Random(args.seed)
     print(versions())
     print(f"{args.cases} cases, seed {args.seed}, {args.jobs} at once, hang = no answer in {args.timeout:.0f} s")
-    tallies = {kind: Tally() for kind in CLASSES}
+    tallies = {kind: Tally() for kind in classes}
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="hostile-registry-") as tmp:
         cases = []
         for i in range(args.cases):
-            kind = list(CLASSES)[i % len(CLASSES)]
-            cases.append(CLASSES[kind](rng, Path(tmp) / f"case{i}" / "home"))
+            kind = list(classes)[i % len(classes)]
+            cases.append(classes[kind](rng, Path(tmp) / f"case{i}" / "home"))
         with ThreadPoolExecutor(args.jobs) as pool:
             results = list(pool.map(lambda c: run_case(c, args.timeout), cases))
     elapsed = time.monotonic() - start
