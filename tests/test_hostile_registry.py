@@ -247,6 +247,13 @@ def test_a_fifo_bert_config_is_one_line(bertctl_home, tmp_path):
     result = bertctl_with_timeout(bertctl_home, "convert-checkpoint", "--tf-checkpoint", str(tmp_path / "model.ckpt"),
                                   "--bert-config", str(tmp_path / "bert_config.json"), "--output", str(tmp_path / "o.pt"))
     one_line_error(result, "bert_config.json", "FIFO")
+    (tmp_path / "model.ckpt.index").unlink()
+    os.mkfifo(tmp_path / "model.ckpt.index")
+    (tmp_path / "bert_config.json").unlink()
+    (tmp_path / "bert_config.json").write_text("{}")
+    result = bertctl_with_timeout(bertctl_home, "convert-checkpoint", "--tf-checkpoint", str(tmp_path / "model.ckpt"),
+                                  "--bert-config", str(tmp_path / "bert_config.json"), "--output", str(tmp_path / "o.pt"))
+    one_line_error(result, "--tf-checkpoint", "model.ckpt.index", "FIFO")
     assert not (tmp_path / "o.pt").exists()
 
 
