@@ -70,12 +70,19 @@ def submit_and_report(cluster, nexp: int, program: str, follow: bool, note: str 
 def cmd_status(args: argparse.Namespace) -> int:
     from orchestrator import experiments, status
 
-    if args.experiment:
+    damaged = []
+    if args.experiment is not None:  # `status ""` is refused, not a listing of everything
         views = status.collect([experiments.find(args.experiment)])
     else:
-        views = status.recent(experiments.load_all(), args.state, args.cluster, args.n)
+        found, damaged = experiments.load_registry()
+        views = status.recent(found, args.state, args.cluster, args.n)
+        if args.state or args.cluster:  # a damaged record has no trustworthy state or cluster
+            damaged = []
     if args.json:
-        print(json.dumps({"experiments": [v.as_json() for v in views]}, indent=2))
+        print(json.dumps({"experiments": [v.as_json() for v in views],
+                          "damaged": [{"id": d.id, "path": str(d.path), "reason": d.reason} for d in damaged]}, indent=2))
+    elif damaged:
+        status.print_table(views, console(sys.stdout), damaged)
     elif not views:
         print(f"no experiments{' match' if args.state or args.cluster else ' yet'} in {experiments.registry_dir()}",
               file=sys.stderr)
@@ -330,7 +337,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("-o", dest="override", action="append", default=[], metavar="KEY.PATH=VALUE",
                        help="override one value of the cluster file, e.g. -o run.optim.lr=1e-3 (repeatable)"
                        ).completer = complete_keys
-        p.add_argument("--nexp", type=_positive, default=1, help="number of runs (MLPerf BERT needs 10)")
+        p.add_argument("--nexp", type=_run_count, default=1, help="number of runs (MLPerf BERT needs 10)")
         p.add_argument("--probe", action="store_true",
                        help="run the launch-path probe instead of training: every rank reports rank, node and devices")
 
@@ -365,7 +372,7 @@ def build_parser() -> argparse.ArgumentParser:
     experiment_arg(p)
     p.add_argument("-o", dest="override", action="append", default=[], metavar="KEY.PATH=VALUE",
                    help="change one value of the resolved configuration (repeatable)").completer = complete_keys
-    p.add_argument("--nexp", type=_positive, help="number of runs (default: the original's)")
+    p.add_argument("--nexp", type=_run_count, help="number of runs (default: the original's)")
     p.add_argument("--follow", action="store_true", help="stay and stream the runs' logs until the experiment ends")
     p = verb("diff", cmd_diff, "two experiments side by side: the resolved configuration keys that differ, and results")
     p.add_argument("first", help="an experiment id (or unique prefix, or `last`)").completer = complete_experiments
@@ -442,6 +449,15 @@ def _positive(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def _run_count(text: str) -> int:
+    from orchestrator.experiments import MAX_NEXP  # why this bound: see there
+
+    value = _positive(text)
+    if value > MAX_NEXP:
+        raise argparse.ArgumentTypeError(f"at most {MAX_NEXP} runs per experiment (MLPerf BERT needs 10)")
     return value
 
 

@@ -9,20 +9,34 @@ cross-field checks included, before anything is written or submitted.
 from __future__ import annotations
 
 import re
+import unicodedata
+from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional
 
-from pydantic import AfterValidator, Field, StringConstraints, ValidationError, model_validator
+from pydantic import AfterValidator, BeforeValidator, Field, StringConstraints, ValidationError, model_validator
 
-from orchestrator import configfile
+from orchestrator import configfile, resources
 from trainer.config import ConfigProblem, DataConfig, OptimConfig, RunConfig, RuntimeConfig, Section, TrainConfig, first_problem
+
+# Unicode's control (Cc), format (Cf: bidi overrides and isolates, zero-width characters) and line
+# and paragraph separators (Zl, Zp: U+2028, U+2029): a terminal or editor shows a line holding them
+# as something other than what the shell runs, or as two lines.
+HIDDEN_CATEGORIES = {"Cc", "Cf", "Zl", "Zp", "Cs"}
 
 
 def _single_line(value: str) -> str:
     """Values that land in `#SBATCH` lines or comments cannot be quoted across lines."""
-    if any(ord(c) < 32 or ord(c) == 127 for c in value):
-        raise ValueError("must be one line without control characters")
+    hidden = next((c for c in value if unicodedata.category(c) in HIDDEN_CATEGORIES), None)
+    if hidden is not None:
+        raise ValueError(f"must be one line without control characters (nor bidi controls or line separators): has U+{ord(hidden):04X}")
     return value
+
+
+def _integer_as_text(value: Any) -> Any:
+    """`mem: 0` or `time_limit: 30` in a file is the integer YAML reads; `-o slurm.mem=0` is the text
+    "0". Both mean the same Slurm option, so both are accepted (bools and floats are not)."""
+    return str(value) if type(value) is int else value
 
 
 def _mount_path(value: str) -> str:
@@ -36,6 +50,7 @@ def _mount_path(value: str) -> str:
 
 
 OneLine = Annotated[str, AfterValidator(_single_line)]
+SlurmText = Annotated[str, BeforeValidator(_integer_as_text), AfterValidator(_single_line)]
 # a field MLPerf's system-description checker requires: an empty one is refused here, not by the checker
 Described = Annotated[str, StringConstraints(min_length=1), AfterValidator(_single_line)]
 MountPath = Annotated[str, AfterValidator(_mount_path)]
@@ -74,9 +89,9 @@ class Resources(Section):
 class SlurmConfig(Section):
     partition: Optional[OneLine] = None
     account: Optional[OneLine] = None
-    time_limit: OneLine = "01:00:00"
+    time_limit: SlurmText = "01:00:00"
     exclusive: bool = True
-    mem: Optional[OneLine] = "0"
+    mem: Optional[SlurmText] = "0"
     extra_sbatch: list[OneLine] = []
     # seconds before the time limit at which ranks get SIGUSR2 to checkpoint (sbatch --signal=USR2@N)
     signal_seconds: int = Field(90, ge=0)
@@ -160,7 +175,58 @@ class NodeConfig(Section):
         for name in self.env:
             if not ENV_NAME_RE.match(name):
                 raise ConfigProblem("env", f"names must be shell identifiers, got {name!r}")
+        for name, value in self.env.items():
+            if "\0" in value:  # a shell script cannot hold a NUL byte
+                raise ConfigProblem(f"env.{name}", "must not contain a NUL character")
+        taken = sorted(name for name in self.env if is_reserved_env(name))
+        if taken:
+            raise ConfigProblem("env", f"{', '.join(taken)}: reserved, the job script or bash itself uses "
+                                       f"{'it' if len(taken) == 1 else 'them'} (reserved: {', '.join(reserved_env_names())}, BASH_*)")
         return self
+
+
+# Bash's own variables: read-only ones (exporting them kills the job at `set -e`), ones that change
+# how the script is parsed or run, and ones bash sets itself.
+BASH_NAMES = frozenset({
+    "BASHOPTS", "BASHPID", "CDPATH", "DIRSTACK", "ENV", "EPOCHREALTIME", "EPOCHSECONDS", "EUID", "FUNCNAME",
+    "GLOBIGNORE", "GROUPS", "HISTCMD", "IFS", "LINENO", "OLDPWD", "OPTARG", "OPTERR", "OPTIND", "PIPESTATUS",
+    "POSIXLY_CORRECT", "PPID", "PS4", "PWD", "RANDOM", "SECONDS", "SHELLOPTS", "SHLVL", "SRANDOM", "UID",
+})
+# Names the job script reads from the environment, or sets as thread-count defaults for one command:
+# node.env may set them.
+ENV_INPUTS = frozenset({"HOME", "PYTHONPATH", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "TOKENIZERS_PARALLELISM"})
+
+
+def is_reserved_env(name: str) -> bool:
+    return name.startswith("BASH") or name in reserved_env_names()
+
+
+@lru_cache(maxsize=1)
+def reserved_env_names() -> tuple[str, ...]:
+    """Every name node.env may not set: those the job scripts use (read from the shipped templates,
+    so a new template variable is covered without a list to update) and bash's own."""
+    return tuple(sorted((template_variables() - ENV_INPUTS) | BASH_NAMES))
+
+
+SHELL_ASSIGNED = re.compile(r"(?<![\w.$-])([A-Za-z_]\w*)=")  # NAME= (export, local, plain), not --opt= or a.b=
+SHELL_READ = re.compile(r"\$\{?([A-Za-z_]\w*)")  # $NAME, ${NAME...}
+ARITHMETIC = re.compile(r"\(\((.*?)\)\)")  # $((...)) and for ((...)): names without a $
+JINJA = re.compile(r"\{#.*?#\}|\{%.*?%\}|\{\{.*?\}\}", re.S)
+
+
+def template_variables() -> set[str]:
+    """Every shell variable the shipped job-script templates assign or read (comments left out)."""
+    names: set[str] = set()
+    for template in sorted(resources.shipped_dir("templates").glob("*.j2")):
+        text = JINJA.sub(" ", template.read_text(encoding="utf-8"))
+        for line in text.splitlines():
+            if line.lstrip().startswith("#"):
+                continue
+            names.update(SHELL_ASSIGNED.findall(line))
+            names.update(SHELL_READ.findall(line))
+            for inner in ARITHMETIC.findall(line):
+                names.update(re.findall(r"[A-Za-z_]\w*", inner))
+    return names
 
 
 AVAILABILITY = Literal[
@@ -241,7 +307,7 @@ class ClusterConfig(Section):
     container: ContainerConfig = ContainerConfig()
     node: NodeConfig = NodeConfig()
     # where experiments live (a shared filesystem on a real cluster); default $BERTCTL_HOME/experiments
-    experiments_dir: Optional[str] = None
+    experiments_dir: Optional[OneLine] = None
     # the system description of an MLPerf submission (bertctl package); optional until you package
     system: Optional[SystemDescription] = None
     prepare: Prerequisites = Prerequisites()

@@ -17,6 +17,9 @@ from pydantic import BaseModel, ValidationError
 from orchestrator import resources, strictyaml
 from orchestrator.errors import UserError
 from trainer.config.base import first_problem, is_free_mapping, is_model, mapping_value_type, unwrap_optional
+from trainer.config.regular import read_regular_text, require_regular
+
+MAX_FILE_BYTES = 10 << 20  # a cluster file or manifest is a few KB; a larger one is not a configuration
 
 
 @dataclass(frozen=True)
@@ -43,11 +46,12 @@ def find_named_file(kind: str, name: str, noun: str, option: str) -> Path:
     if name.endswith((".yaml", ".yml")) or "/" in name:
         path = Path(name).expanduser()
         try:
-            found = path.is_file()
-        except OSError as e:  # a name too long for the file system, say
-            raise UserError(f"{noun} file cannot be looked up: {e.strerror}", where=clip(name)) from None
-        if not found:
-            raise UserError(f"{noun} file not found", where=clip(name))
+            require_regular(path)
+        except FileNotFoundError:
+            raise UserError(f"{noun} file not found", where=clip(name)) from None
+        except (OSError, ValueError) as e:  # a name too long for the file system, a NUL, a FIFO
+            reason = e.strerror if isinstance(e, OSError) else str(e)
+            raise UserError(f"{noun} file cannot be looked up: {reason}", where=clip(name)) from None
         return path
     known = named_files(kind)
     if name not in known:
@@ -73,10 +77,12 @@ def load_named(kind: str, name: str, overrides, model: type[BaseModel], noun: st
 def read_mapping(path: Path) -> dict[str, Any]:
     """The YAML file's top-level mapping, or a UserError that says what is wrong with the file."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_regular_text(path, limit=MAX_FILE_BYTES, encoding="utf-8")
     except FileNotFoundError:
         raise UserError("file not found", where=str(path)) from None
-    except (OSError, UnicodeDecodeError) as e:
+    except OSError as e:  # a FIFO or device where the file belongs, too large, no permission
+        raise UserError(f"cannot read file: {e.strerror}", where=str(path)) from None
+    except (ValueError, UnicodeDecodeError) as e:
         raise UserError(f"cannot read file: {e}", where=str(path)) from None
     try:
         data = strictyaml.load(text)

@@ -37,6 +37,8 @@ from pathlib import Path
 from submitit.core import core, utils
 from submitit.slurm.slurm import SlurmJob
 
+from trainer.config.regular import read_regular_text
+
 
 class SubmissionRefused(Exception):
     """The scheduler refused the job (its message)."""
@@ -161,9 +163,9 @@ class LocalScriptJob(core.Job):
         return "COMPLETED" if code == "0" else "FAILED"
 
     def exit_code(self) -> str | None:
-        try:
-            return self.exit_file.read_text().strip()
-        except OSError:
+        try:  # a FIFO or device there must not block `status`: one OSError, like a missing file
+            return read_regular_text(self.exit_file, limit=64).strip()
+        except (OSError, UnicodeDecodeError):
             return None
 
     def get_info(self, mode: str = "force") -> dict[str, str]:

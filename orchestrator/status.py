@@ -7,18 +7,18 @@ Progress and the last eval accuracy come from the run's MLPerf log.
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import yaml
-
-from orchestrator import results, scheduler
+from orchestrator import results, scheduler, strictyaml
 from orchestrator.executors import batch_outputs
 from orchestrator.experiments import Experiment
 from orchestrator.scheduler import JobInfo, State
 from trainer.config import REQUEUE_EXIT_CODE
+from trainer.config.regular import read_regular_text
 
 ERROR_LINE = re.compile(r"(?i)(error|exception|traceback|no such file|not found|killed|denied|unbound variable)")
 SRUN_PREFIX = re.compile(r"^\s*\d+: ")
@@ -162,8 +162,9 @@ def add_progress(rv: RunView, exp: Experiment) -> None:
     rv.accuracy = summary.last_accuracy
     rv.outcome = summary.status
     run = _run_config(exp)
-    rv.target = run.get("train", {}).get("target_accuracy")
-    rv.max_samples = run.get("train", {}).get("max_samples_termination")
+    train = run.get("train") if isinstance(run.get("train"), dict) else {}
+    rv.target = _number(train.get("target_accuracy"), float)
+    rv.max_samples = _number(train.get("max_samples_termination"), int)
 
 
 def last_error(exp: Experiment, run: int, job: JobInfo) -> str | None:
@@ -193,27 +194,35 @@ def _telling_line(path: Path) -> str | None:
 def checkpoint_update(exp: Experiment, run: int) -> int | None:
     """The update of run N's latest checkpoint (checkpoints/run_N/latest -> step_<update>)."""
     try:
-        name = (exp.path / "checkpoints" / f"run_{run}" / "latest").read_text().strip()
-        return int(name.removeprefix("step_"))
+        name = read_regular_text(exp.path / "checkpoints" / f"run_{run}" / "latest", limit=4096).strip()
+        return int(name.removeprefix("step_")[:18])
     except (OSError, ValueError):
         return None
 
 
 def _read_exit(path: Path) -> int | None:
     try:
-        return int(path.read_text().strip())
-    except (OSError, ValueError):
+        return int(read_regular_text(path, limit=64).strip())
+    except (OSError, ValueError):  # a FIFO or a device where the file belongs is a run without an exit
         return None
 
 
 def _run_config(exp: Experiment) -> dict:
     try:
-        return yaml.safe_load((exp.path / "run.yaml").read_text()) or {}
-    except (OSError, yaml.YAMLError):
+        run = strictyaml.load(read_regular_text(exp.path / "run.yaml", limit=1 << 20))
+    except (OSError, ValueError):  # strictyaml.YAMLProblem is a ValueError
         return {}
+    return run if isinstance(run, dict) else {}
 
 
-def print_table(views: list[ExperimentView], console) -> None:
+def _number(value, kind):
+    """A run.yaml number shown in the table, or None for anything else (a hand-edited string, a bool)."""
+    return kind(value) if type(value) in (int, float) and math.isfinite(value) else None
+
+
+def print_table(views: list[ExperimentView], console, damaged=()) -> None:
+    """The table; `damaged` registry entries (experiments.Damaged) are rows of their own with the reason."""
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(show_lines=False, header_style="bold")
@@ -223,8 +232,10 @@ def print_table(views: list[ExperimentView], console) -> None:
         for r in v.runs:
             table.add_row(
                 v.id if r.run == 0 else "", str(r.run), _styled(r.state), r.job_id, _dash(r.nodes),
-                _duration(r.elapsed_s), str(r.seed), _samples(r), _accuracy(r), r.error or r.outcome or "",
+                _duration(r.elapsed_s), str(r.seed), _samples(r), _accuracy(r), escape(r.error or r.outcome or ""),
             )
+    for d in damaged:
+        table.add_row(escape(d.id), "-", "[red]DAMAGED[/red]", "-", "-", "-", "-", "-", "-", escape(d.reason))
     console.print(table)
 
 

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
+from trainer.config.regular import read_regular_text
 from trainer.data.prepare.errors import BadInput, PrepareError, StepFailed, report_failure
 from trainer.tf_checkpoint import TFCheckpoint
 
@@ -87,13 +88,17 @@ def torch_name(tf_name: str) -> tuple[str, bool] | None:
 def read_bert_config(path: str | Path) -> dict:
     path = Path(path)
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
+        config = json.loads(read_regular_text(path, limit=1 << 20, encoding="utf-8"))
     except FileNotFoundError:
         raise BadInput(path, "bert config not found") from None
-    except (OSError, ValueError) as e:
+    except OSError as e:  # a FIFO, a device, a directory, a huge file
+        raise BadInput(path, f"cannot read the bert config: {e.strerror or e}") from None
+    except (ValueError, RecursionError) as e:
         raise BadInput(path, f"not a JSON bert config: {e}") from None
     needed = ["vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
               "max_position_embeddings", "type_vocab_size"]
+    if not isinstance(config, dict):
+        raise BadInput(path, f"not a JSON bert config: holds {type(config).__name__}, not an object")
     missing = [k for k in needed if not isinstance(config.get(k), int)]
     if missing:
         raise BadInput(path, f"bert config lacks {', '.join(missing)}")

@@ -211,6 +211,13 @@ def plot(results: list[Result], source: str, seed: int, counts: np.ndarray, path
     return path
 
 
+# Bounds: the largest MLPerf Training systems have about 10,000 accelerators (65,536 leaves room); a
+# per-rank batch beyond 4,096 sequences fits no accelerator at length 512; every step draws
+# ranks x batch lengths, and 100 million of them take about 20 s of CPU per strategy (measured),
+# where `--ranks 100000000` used to run until memory ran out.
+MAX_RANKS, MAX_BATCH, MAX_STEPS, MAX_DRAWS = 65_536, 4_096, 100_000, 100_000_000
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bertctl balance", description="Simulate load balance across ranks.")
     parser.add_argument("--ranks", type=int, required=True)
@@ -223,9 +230,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="JSON on stdout instead of the table")
     parser.add_argument("--plot", help="write the per-rank load distribution to this PNG")
     args = parser.parse_args(argv)
-    for name, value in (("--ranks", args.ranks), ("--batch", args.batch), ("--group", args.group), ("--steps", args.steps)):
-        if value < 1:
-            return _bad(f"{name} must be at least 1")
+    for name, value, most in (("--ranks", args.ranks, MAX_RANKS), ("--batch", args.batch, MAX_BATCH),
+                              ("--group", args.group, MAX_RANKS), ("--steps", args.steps, MAX_STEPS)):
+        if not 1 <= value <= most:
+            return _bad(f"{name} must be 1..{most:,}, got {value}")
+    if args.ranks * args.batch * args.steps > MAX_DRAWS:
+        return _bad(f"--ranks x --batch x --steps must be at most {MAX_DRAWS:,} sequences (fewer --steps)")
+    if not 0 <= args.seed < 2**63:
+        return _bad(f"--seed must be 0..2^63-1, got {args.seed}")
     if args.ranks % args.group:
         return _bad(f"--group {args.group} must divide --ranks {args.ranks}")
     try:

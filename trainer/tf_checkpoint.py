@@ -23,6 +23,7 @@ from typing import Iterator
 
 import numpy as np
 
+from trainer.config.regular import open_regular, read_regular_bytes
 from trainer.data.prepare import protowire as pw
 from trainer.data.prepare.errors import BadInput
 from trainer.data.prepare.tfrecord import masked_crc
@@ -57,7 +58,7 @@ class TFCheckpoint:
             self.prefix = self.prefix[: -len(".index")]
         self.index_path = Path(self.prefix + ".index")
         try:
-            table = self.index_path.read_bytes()
+            table = read_regular_bytes(self.index_path)  # a FIFO there is refused, not waited on
         except FileNotFoundError:
             raise BadInput(self.index_path, "checkpoint index not found (give the prefix, e.g. .../model.ckpt-28252)") from None
         except OSError as e:
@@ -89,7 +90,7 @@ class TFCheckpoint:
         e = self.entries[name]
         path = self.data_file(e.shard)
         try:
-            with open(path, "rb") as f:
+            with open_regular(path, "rb") as f:
                 f.seek(e.offset)
                 data = f.read(e.size)
         except OSError as err:

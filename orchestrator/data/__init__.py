@@ -34,6 +34,7 @@ from orchestrator.data.manifest import (
 from orchestrator.data.slurm_arrays import array_groups, prepare_on_slurm, render_stage
 from orchestrator.errors import UserError
 from trainer.config import PathError, expand_path
+from trainer.config.regular import require_regular
 
 __all__ = ["LoadedManifest", "Prepared", "array_groups", "convert_checkpoint", "describe", "find_manifest",
            "load_manifest", "manifest_files", "prepare", "render_stage", "split_overrides", "verify"]
@@ -63,10 +64,23 @@ def verify(loaded: LoadedManifest, as_json: bool = False, stats_files: int | Non
         return workers.verify(write_manifest(loaded, Path(tmp)), as_json, stats_files)
 
 
+def refuse_irregular(option: str, path: str) -> None:
+    """A FIFO, device or folder given where a file belongs: one line (a missing file is the worker's to report)."""
+    try:
+        require_regular(path)
+    except FileNotFoundError:
+        return
+    except (OSError, ValueError) as e:
+        raise UserError(f"{path}: {getattr(e, 'strerror', None) or e}", where=option) from None
+
+
 def convert_checkpoint(tf_checkpoint: str, bert_config: str, output: str) -> str:
     out = Path(output).expanduser().resolve()
     try:
-        workers.convert_checkpoint(expand_path(tf_checkpoint), expand_path(bert_config), out)
+        tf_checkpoint, bert_config = expand_path(tf_checkpoint), expand_path(bert_config)
     except PathError as e:
         raise UserError(str(e)) from None
+    for option, path in (("--bert-config", bert_config), ("--tf-checkpoint", tf_checkpoint.removesuffix(".index") + ".index")):
+        refuse_irregular(option, path)  # answered here at once, before a worker starts
+    workers.convert_checkpoint(tf_checkpoint, bert_config, out)
     return str(out)

@@ -15,6 +15,7 @@ from pathlib import Path
 from orchestrator.data import workers
 from orchestrator.data.manifest import LoadedManifest, write_manifest
 from orchestrator.data.progress import progress_display
+from trainer.config.regular import read_regular_text
 
 
 @dataclass
@@ -125,8 +126,8 @@ class StagePool:
 
 def summary(loaded: LoadedManifest, root: Path, seconds: float) -> str:
     try:
-        record = json.loads((root / "prepared.json").read_text())
+        record = json.loads(read_regular_text(root / "prepared.json", limit=64 << 20))
         counts = ", ".join(f"{name} {out['samples']}" for name, out in record["outputs"].items())
-    except (OSError, ValueError, KeyError):
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):  # a damaged record: no counts
         counts = "?"
     return f"{loaded.config.name}: prepared at {root} in {seconds:.1f} s (samples: {counts})"

@@ -33,6 +33,8 @@ from typing import Iterable, Literal, Sequence
 import h5py
 import numpy as np
 
+from trainer.config.regular import require_regular
+
 Layout = Literal["fixed", "varlen"]
 FIELDS = ("input_ids", "segment_ids", "masked_lm_positions", "masked_lm_ids", "next_sentence_labels")
 ID_DTYPE = np.int16
@@ -142,6 +144,7 @@ class Shard:
                  max_predictions: int | None = None):
         self.path = Path(path)
         try:
+            require_regular(self.path)  # h5py would block on a FIFO until a writer came
             with h5py.File(self.path, "r") as f:
                 self.layout: Layout = "fixed" if "input_mask" in f else "varlen"
                 _check_datasets(f, self.layout)
@@ -353,6 +356,7 @@ def _varlen_problem(shard: Shard) -> tuple[int, str] | None:
 def sample_count(path: str | Path) -> int:
     """Samples in a shard, from its HDF5 header only (no data is read)."""
     try:
+        require_regular(path)
         with h5py.File(path, "r") as f:
             labels = f.get("next_sentence_labels")
             if not isinstance(labels, h5py.Dataset) or labels.ndim != 1:

@@ -12,6 +12,7 @@ import re
 from pathlib import Path
 from typing import Any, Iterator
 
+from trainer.config.regular import open_regular
 from trainer.data.prepare.errors import BadInput, PrepareError, StepFailed
 
 
@@ -46,8 +47,16 @@ def write_json(path: str | Path, data: Any) -> Path:
 
 
 def read_json(path: str | Path) -> Any:
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    """A JSON file bertctl wrote (prepared.json, a stamp); anything else there is BadInput naming it."""
+    try:
+        with open_regular(path, encoding="utf-8") as f:  # a FIFO where prepared.json belongs must not block
+            return json.load(f)
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        raise BadInput(path, f"cannot read: {e.strerror or e}") from None
+    except (ValueError, RecursionError) as e:
+        raise BadInput(path, f"not the JSON bertctl writes: {str(e).splitlines()[0][:120]}") from None
 
 
 def remove_temporaries(folder: str | Path) -> None:

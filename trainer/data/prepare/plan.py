@@ -190,16 +190,20 @@ class Plan:
     def start(self, force: bool = False) -> str:
         """Prepare the root for the stages; returns the state found. A stale root needs `force`."""
         self.check_inputs()
-        state = self.state()
-        if state == "stale" and not force:
-            raise BadInput(self.root, "holds a dataset built with other parameters (or by something else): "
-                                      "remove it, or run again with --force to rebuild it")
-        if force and state != "fresh":
-            self.clear()
-            state = "fresh"
-        if state in ("fresh",):
-            files.write_json(self.params_stamp, {"params": self.manifest.params_digest(), "dataset": self.manifest.name})
-        files.remove_temporaries(self.root)
+        try:
+            state = self.state()
+            if state == "stale" and not force:
+                raise BadInput(self.root, "holds a dataset built with other parameters (or by something else): "
+                                          "remove it, or run again with --force to rebuild it")
+            if force and state != "fresh":
+                self.clear()
+                state = "fresh"
+            if state in ("fresh",):
+                files.write_json(self.params_stamp, {"params": self.manifest.params_digest(), "dataset": self.manifest.name})
+            files.remove_temporaries(self.root)
+        except OSError as e:  # a file where a folder belongs, no permission, a read-only file system: bad input
+            where = f" ({e.filename})" if e.filename and str(e.filename) != str(self.root) else ""
+            raise BadInput(self.root, f"cannot be used as the dataset root: {e.strerror or e}{where}") from None
         return state
 
     def check_inputs(self) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from trainer.config.regular import read_regular_bytes
 from trainer.data.prepare import files
 from trainer.data.prepare.errors import BadInput
 from trainer.data.prepare.sentences import split_sentences
@@ -20,7 +21,7 @@ def read_documents(path: str | Path, split: bool = False) -> list[Document]:
     """The documents of a text file; empty documents are dropped. Bad UTF-8 or no text: BadInput."""
     path = Path(path)
     try:
-        data = path.read_bytes()
+        data = read_regular_bytes(path)
     except FileNotFoundError:
         raise BadInput(path, "file not found") from None
     except OSError as e:

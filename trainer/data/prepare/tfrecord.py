@@ -24,6 +24,7 @@ import numpy as np
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 
+from trainer.config.regular import open_regular
 from trainer.data.layout import Sample
 from trainer.data.prepare import files
 from trainer.data.prepare.errors import BadInput
@@ -44,7 +45,7 @@ def read_records(path: str | Path) -> Iterator[bytes]:
     """The payloads of a TFRecord file, each checked against its CRCs."""
     path = Path(path)
     try:
-        f = open(path, "rb")
+        f = open_regular(path, "rb")
     except OSError as e:
         raise BadInput(path, f"cannot open: {e.strerror or e}") from None
     with f:

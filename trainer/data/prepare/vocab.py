@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 from typing import Sequence
 
+from trainer.config.regular import open_regular, read_regular_text
 from trainer.data.prepare import files
 from trainer.data.prepare.errors import BadInput
 
@@ -59,7 +60,7 @@ def count_words(text_files: Sequence[str | Path], lower_case: bool) -> dict[str,
     counts: dict[str, int] = {}
     for path in text_files:
         try:
-            with open(path, encoding="utf-8") as f:
+            with open_regular(path, encoding="utf-8") as f:
                 for line in f:
                     for word, _ in split(normalize(line)):
                         counts[word] = counts.get(word, 0) + 1
@@ -74,10 +75,12 @@ def read_vocab(path: str | Path) -> list[str]:
     """The tokens of a vocab file, by id. Missing, unreadable or incomplete files: BadInput."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_regular_text(path, encoding="utf-8")
     except FileNotFoundError:
         raise BadInput(path, "vocab file not found") from None
-    except (OSError, UnicodeDecodeError) as e:
+    except OSError as e:  # a FIFO or device where the vocab belongs is refused, not waited on
+        raise BadInput(path, f"cannot read the vocab: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
         raise BadInput(path, f"cannot read the vocab: {e}") from None
     tokens = text.splitlines()
     missing = [tok for tok in SPECIAL_TOKENS if tok not in tokens]
