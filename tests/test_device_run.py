@@ -1,7 +1,7 @@
 """The GPU machine's device command (`bash benchmarks/gpu/device_run.sh`), rehearsed on the CPU in a
 Python built like the GPU machine's: a fresh virtual environment whose site-packages holds only torch
 and packages that machine's image has (numpy, h5py, pyyaml, jinja2, rich, protobuf, tokenizers,
-transformers, pandas, scipy, pip, and what they need), linked from this test environment (the same
+transformers, pandas, scipy, matplotlib, pip, and what they need), linked from this test environment (the same
 files, no download), and none of what it lacks (pydantic, mlperf-logging, madgrad, argcomplete,
 google-crc32c). The carried wheels come from `make gpu-wheels` for this Python's version and are
 installed the way the GPU machine installs them: without a registry, `pip --target` + PYTHONPATH.
@@ -29,7 +29,7 @@ DEVICE_RUN = REPO / "benchmarks" / "gpu" / "device_run.sh"
 TAG = f"cp{sys.version_info.major}{sys.version_info.minor}"
 # what the GPU machine's image has and the suite uses (KINDS.md of the device machines lists them)
 IMAGE_HAS = ["torch", "numpy", "h5py", "pyyaml", "jinja2", "rich", "protobuf", "tokenizers", "transformers", "pandas",
-             "scipy", "packaging", "pip"]
+             "scipy", "matplotlib", "packaging", "pip"]
 IMAGE_LACKS = ["pydantic", "pydantic-core", "mlperf-logging", "madgrad", "argcomplete", "google-crc32c", "annotated-types",
                "typing-inspection"]
 STAGE_FILES = ["a_environment.json", "b_product.json", "c_parity_attention.json", "d_precision.json", "e_throughput.json",

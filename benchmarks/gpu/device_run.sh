@@ -20,9 +20,9 @@ tag=$("$PY" -c 'import sys; print(f"cp{sys.version_info.major}{sys.version_info.
   echo "device_run: cannot run the Python '$PY' (set PYTHON to the interpreter with torch)" >&2; exit 2; }
 WHEELS=${BERTCTL_WHEELS:-$REPO/.gpu-wheels/$tag}
 # which pinned packages this Python lacks, and their wheels for it (or one line saying what is missing)
-mapfile -t wheels < <("$PY" "$REPO/benchmarks/gpu/wheels.py" "$WHEELS"; echo "exit=$?")
-[ "${wheels[-1]}" = "exit=0" ] || exit 2
-unset 'wheels[-1]'
+listed=$("$PY" "$REPO/benchmarks/gpu/wheels.py" "$WHEELS") || exit 2
+wheels=()
+while IFS= read -r wheel; do [ -n "$wheel" ] && wheels+=("$wheel"); done <<< "$listed"
 
 if [ ${#wheels[@]} -gt 0 ]; then
   pip=("$PY" -m pip install -q --no-index --find-links "$WHEELS" --no-deps --no-compile --no-cache-dir --disable-pip-version-check)
