@@ -77,7 +77,10 @@ def link_distribution(name: str, site: Path) -> None:
 
 @pytest.fixture(scope="module")
 def gpu_like_python(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("gpu-like-python")
+    return make_gpu_like_python(tmp_path_factory.mktemp("gpu-like-python"))
+
+
+def make_gpu_like_python(root: Path) -> Path:
     venv.EnvBuilder(with_pip=False, symlinks=True).create(root / "venv")
     site = next((root / "venv" / "lib").glob("python3*/site-packages"))
     wanted = closure(IMAGE_HAS)
@@ -238,7 +241,7 @@ def one_line(result: subprocess.CompletedProcess) -> str:
 
 
 def run_device(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(DEVICE_RUN), *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+    return subprocess.run(["bash", str(DEVICE_RUN), *args], env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
 
 
 def test_a_missing_wheel_is_one_line_naming_it_and_how_to_get_it(gpu_like_python, tmp_path):
@@ -273,3 +276,16 @@ def test_no_gpu_for_device_cuda_is_one_line_before_any_stage(tmp_path):
 def test_a_python_that_does_not_run_is_one_line(tmp_path):
     result = run_device({**os.environ, "PYTHON": str(tmp_path / "python3.12")})
     assert one_line(result) == f"device_run: cannot run the Python '{tmp_path / 'python3.12'}' (set PYTHON to the interpreter with torch)"
+
+
+@pytest.mark.slow
+def test_the_wheels_can_go_into_the_interpreter_itself(wheels, tmp_path):
+    python = make_gpu_like_python(tmp_path / "own-python")
+    env = device_env(python, wheels, tmp_path, BERTCTL_WHEELS_INTO="interpreter")
+    result = run_device(env, "--device", "cpu", "--quick", "--stages", "environment", "--out", str(tmp_path / "run"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads((tmp_path / "run" / "a_environment.json").read_text())["status"] == "pass"
+    assert not (tmp_path / "site").exists()  # nothing went to a --target folder
+    imported = subprocess.run([python, "-c", "import pydantic, mlperf_logging, google_crc32c"], capture_output=True, text=True,
+                              env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert imported.returncode == 0, imported.stderr
