@@ -442,13 +442,36 @@ def packed_batches(rng: np.random.Generator, vocab: int, packs: int, steps: int)
 
 
 def environment(device: torch.device) -> dict:
+    """What the other stages ran on: the machine, the GPU and its driver, and the versions that matter."""
     env = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "host": platform.node(),
-           "python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
-           "device": device.type, "apex": apex_missing() is None, "flash_attn": flash_attn_installed()}
+           "cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+           "device": device.type, "apex": apex_missing() is None, "flash_attn": flash_attn_installed(),
+           "versions": {name: installed_version(name) for name in
+                        ("transformers", "triton", "numpy", "pydantic", "mlperf-logging", "flash-attn", "apex")}}
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         env.update(gpu=props.name, capability=f"{props.major}.{props.minor}", gpu_memory_gb=round(props.total_memory / 2**30, 1),
+                   multiprocessors=props.multi_processor_count, driver=nvidia_driver(),
                    cudnn=torch.backends.cudnn.version(), nccl=".".join(map(str, torch.cuda.nccl.version())))
     return env
 
 
+def installed_version(name: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def nvidia_driver() -> str | None:
+    """The driver's version as nvidia-smi reports it (torch does not say)."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
