@@ -28,6 +28,8 @@ from conftest import REPO
 from packaging.requirements import Requirement
 
 DEVICE_RUN = REPO / "benchmarks" / "gpu" / "device_run.sh"
+PINS = dict(line.split("==") for line in (REPO / "benchmarks" / "gpu" / "requirements.txt").read_text().splitlines()
+            if line and not line.startswith("#"))
 TAG = f"cp{sys.version_info.major}{sys.version_info.minor}"
 # what the GPU machine's image has and the suite uses (KINDS.md of the device machines lists them)
 IMAGE_HAS = ["torch", "numpy", "h5py", "pyyaml", "jinja2", "rich", "protobuf", "tokenizers", "transformers", "pandas",
@@ -249,21 +251,25 @@ def test_a_missing_wheel_is_one_line_naming_it_and_how_to_get_it(gpu_like_python
     empty.mkdir()
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     line = one_line(run_device(device_env(gpu_like_python, empty, tmp_path), "--device", "cpu", "--out", str(tmp_path / "run")))
-    assert line == (f"device_run: {empty}: no wheel of pydantic==2.14.4, which this Python lacks: make gpu-wheels "
+    assert line == (f"device_run: {empty}: no wheel of pydantic=={PINS['pydantic']}, which this Python lacks: make gpu-wheels "
                     f"GPU_PYTHON={version} (on a machine with a registry; then carry {empty} along)")
     assert not (tmp_path / "run").exists()
 
 
 def test_a_wheel_for_another_python_is_one_line(gpu_like_python, wheels, tmp_path):
-    # the cp312 wheels the GPU machine gets, here where the Python is 3.11 (names only: the check reads
-    # the wheel's tags, so the files are this Python's wheels renamed, no second download)
-    other = tmp_path / "cp312"
+    # the GPU machine's cp312 wheels, here where the Python is another (names only: the check reads the
+    # wheel's tags, so the files are this Python's wheels renamed, no second download)
+    other_tag = "cp312" if TAG != "cp312" else "cp311"
+    other = tmp_path / other_tag
     other.mkdir()
     for wheel in wheels.glob("*.whl"):
-        (other / wheel.name.replace(TAG, "cp312")).write_bytes(wheel.read_bytes())
+        (other / wheel.name.replace(TAG, other_tag)).write_bytes(wheel.read_bytes())
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
     line = one_line(run_device(device_env(gpu_like_python, other, tmp_path), "--device", "cpu"))
-    assert line.startswith(f"device_run: {other}: pydantic_core-2.50.5-cp312-cp312-manylinux") and "is not for this Python (3.11" in line
-    assert line.endswith("make gpu-wheels GPU_PYTHON=3.11 (on a machine with a registry; then carry " + str(other) + " along)")
+    core = next(other.glob(f"pydantic_core-{PINS['pydantic-core']}-{other_tag}-*.whl")).name
+    assert line == (f"device_run: {other}: {core} "
+                    f"is not for this Python ({sys.version.split()[0]}): make gpu-wheels GPU_PYTHON={version} "
+                    f"(on a machine with a registry; then carry {other} along)")
 
 
 def test_no_gpu_for_device_cuda_is_one_line_before_any_stage(tmp_path):
