@@ -17,7 +17,7 @@ from pathlib import Path
 from .children import run as run_child
 
 # --quick (the CPU rehearsal): the same path at a fraction of the samples; the run stops at its
-# sample limit below the target, so it is compliant but not converged
+# sample limit below the target, so its log is compliant but it has not converged
 QUICK_OVERRIDES = [f"-o{key}={value}" for key, value in {
     "prepare.phase1.train.max_samples_termination": 160, "prepare.phase1.optim.max_steps": 5,
     "prepare.phase1.train.eval_every_samples": 160, "prepare.phase1.data.eval_samples": 50,
@@ -49,7 +49,9 @@ def product_end_to_end(device: str, precision: str, quick: bool, deadline: float
                 f.write(f"==== {run_log.name} of the experiment\n" + "\n".join(run_log.read_text().splitlines()[-200:]) + "\n")
         figures = {"command": " ".join(["bertctl", *submitted_words(device, precision, quick)]),
                    "submit_seconds": round(time.time() - started, 1), "metrics": last_metrics(exp)}
-        assert submitted.returncode == 0, f"bertctl submit: {submitted.reason()}"
+        # --quick: the run stops at its sample limit below the target, and --follow says so with exit 1
+        # (the checker's verdict below tells a compliant short run from a broken one)
+        assert submitted.returncode == 0 or (quick and submitted.returncode == 1), f"bertctl submit: {submitted.reason()}"
         checked = run_child([*bertctl, "compliance-check", "last", "--no-score", "--json"], deadline, log,
                             "bertctl compliance-check", env)
         report = json.loads(checked.stdout) if checked.stdout.strip() else {}
