@@ -295,3 +295,10 @@ def test_the_wheels_can_go_into_the_interpreter_itself(wheels, tmp_path):
     imported = subprocess.run([python, "-c", "import pydantic, mlperf_logging, google_crc32c"], capture_output=True, text=True,
                               env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
     assert imported.returncode == 0, imported.stderr
+
+
+def test_a_python_without_torch_is_one_line(tmp_path):
+    venv.EnvBuilder(with_pip=False, symlinks=True).create(tmp_path / "bare")
+    python = tmp_path / "bare" / "bin" / "python"
+    result = run_device({**os.environ, "PYTHON": str(python)})
+    assert one_line(result) == f"device_run: the Python '{python}' has no torch (set PYTHON to the interpreter with torch)"

@@ -18,6 +18,8 @@ PY=${PYTHON:-python3}
 
 tag=$("$PY" -c 'import sys; print(f"cp{sys.version_info.major}{sys.version_info.minor}")' 2>/dev/null) || {
   echo "device_run: cannot run the Python '$PY' (set PYTHON to the interpreter with torch)" >&2; exit 2; }
+"$PY" -c 'import torch' 2>/dev/null || {
+  echo "device_run: the Python '$PY' has no torch (set PYTHON to the interpreter with torch)" >&2; exit 2; }
 WHEELS=${BERTCTL_WHEELS:-$REPO/.gpu-wheels/$tag}
 # which pinned packages this Python lacks, and their wheels for it (or one line saying what is missing)
 listed=$("$PY" "$REPO/benchmarks/gpu/wheels.py" "$WHEELS") || exit 2
