@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -106,7 +107,9 @@ def run_stage_process(args: argparse.Namespace, stage: Stage, timeout: float, lo
         err.flush()
         proc = subprocess.Popen(command, stderr=err, stdin=subprocess.DEVNULL, cwd=REPO, env=child_env(), start_new_session=True)
         try:
-            proc.wait(timeout=timeout + 10)  # the child keeps its own deadline; this is for a hang past it
+            # the child ends its own children at the deadline and then writes its record; this is for a
+            # stage hung in its own process (a run may overrun its budget by these seconds, and the 10 below)
+            proc.wait(timeout=timeout + 10)
             ended = f"exit {proc.returncode}"
         except subprocess.TimeoutExpired:
             ended = f"killed after {timeout:.0f} s, its time limit"
@@ -129,8 +132,6 @@ def run_stage_process(args: argparse.Namespace, stage: Stage, timeout: float, lo
 
 def kill_group(proc: subprocess.Popen) -> None:
     """SIGTERM first (the product stage cancels its detached job), SIGKILL 10 s later."""
-    import os
-
     for sig, wait in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
         try:
             os.killpg(proc.pid, sig)
