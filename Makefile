@@ -10,7 +10,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: env demo test golden
+.PHONY: env demo test golden gpu-wheels
 
 env: $(STAMP)
 
@@ -31,3 +31,13 @@ test: env
 # regenerate tests/golden/ after an intended change to templates or cluster files (then read the diff)
 golden: env
 	BERTCTL_UPDATE_GOLDEN=1 $(BIN)/python -m pytest -q tests/test_render.py tests/test_data_cli.py -k golden
+
+# the wheels the GPU machine's Python lacks (pinned in benchmarks/gpu/requirements.txt), for CPython
+# GPU_PYTHON on x86-64 Linux, into .gpu-wheels/cpXY/ (ignored; carry it to the GPU machine, where
+# `bash benchmarks/gpu/device_run.sh` installs them without a registry). GPU_PYTHON=3.11: the CPU rehearsal's
+GPU_PYTHON ?= 3.12
+GPU_WHEELS ?= .gpu-wheels/cp$(subst .,,$(GPU_PYTHON))
+gpu-wheels:
+	$(PYTHON) -m pip download -q --no-deps --only-binary=:all: --implementation cp --python-version $(GPU_PYTHON) \
+	  $(foreach n,39 34 28 27 17,--platform manylinux_2_$(n)_x86_64) --platform manylinux2014_x86_64 \
+	  -d $(GPU_WHEELS) -r benchmarks/gpu/requirements.txt

@@ -1,7 +1,9 @@
 """The GPU suite's own code runs here on the CPU, at tiny shapes, so it cannot rot between GPU
 sessions: its parity, attention and precision checks pass, and a broken model fails them."""
 
-import importlib.util
+import sys
+import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -9,16 +11,17 @@ from conftest import REPO
 
 from trainer.config import ModelConfig
 
+sys.path.insert(0, str(REPO / "benchmarks"))  # the suite's package: benchmarks/gpu/
 SMALL = ModelConfig(num_layers=2, hidden_size=64, num_heads=2, intermediate_size=128, vocab_size=512,
                     hidden_dropout=0.0, attention_dropout=0.0)
 
 
 @pytest.fixture(scope="module")
 def suite():
-    spec = importlib.util.spec_from_file_location("gpu_suite", REPO / "benchmarks" / "gpu_suite.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """benchmarks/gpu/checks.py, the suite's checks (benchmarks/gpu_suite.py runs them in stages)."""
+    from gpu import checks
+
+    return checks
 
 
 def test_the_cpu_runnable_checks_pass(suite):
@@ -50,3 +53,33 @@ def test_a_check_that_finds_a_difference_fails_with_its_reason(suite, monkeypatc
     monkeypatch.setattr(suite, "load_pretrained", load_then_break)
     record = suite.parity(torch.device("cpu"), SMALL, 3)
     assert record["status"] == "fail" and "largest logit difference" in record["reason"]
+
+
+def test_children_keep_the_pythonpath_they_inherit_and_log_their_stderr(tmp_path, monkeypatch):
+    """The bug of the first version: torchrun children got PYTHONPATH=<repo> instead of the carried
+    wheels' folder plus the repo, so they could not import pydantic; and only a `====` rule of their
+    stderr survived."""
+    from gpu import children
+
+    monkeypatch.setenv("PYTHONPATH", "/carried/site")
+    log = tmp_path / "suite.log"
+    code = "import os, sys; print(os.environ['PYTHONPATH']); sys.stderr.write('RuntimeError: no kernel\\n' + '=' * 40 + '\\n'); sys.exit(3)"
+    done = children.run([sys.executable, "-c", code], time.time() + 60, log, "probe")
+    assert done.stdout.strip() == f"/carried/site:{REPO}"
+    assert done.returncode == 3 and done.reason() == "exit 3: RuntimeError: no kernel"
+    assert log.read_text().startswith("==== probe: ") and "RuntimeError: no kernel\n" in log.read_text()
+
+
+def test_a_child_past_its_stage_deadline_is_killed_with_its_own_children(tmp_path):
+    from gpu import children
+
+    pid_file = tmp_path / "grandchild.pid"
+    code = f"import subprocess, time; p = subprocess.Popen(['sleep', '300']); open({str(pid_file)!r}, 'w').write(str(p.pid)); time.sleep(300)"
+    started = time.time()
+    with pytest.raises(TimeoutError, match="probe: killed after 3 s, the time its stage had left"):
+        children.run([sys.executable, "-c", code], time.time() + 8, tmp_path / "suite.log", "probe")
+    assert time.time() - started < 30
+    grandchild = int(pid_file.read_text())
+    time.sleep(0.5)
+    stat = Path(f"/proc/{grandchild}/stat")
+    assert not stat.exists() or stat.read_text().split(")")[-1].split()[0] == "Z", "the grandchild outlived the timeout"

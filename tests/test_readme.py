@@ -23,6 +23,11 @@ MIRRORED = {
     "bertctl plot last": "tests/test_demo.py::test_the_same_experiment_on_the_ci_slurm_cluster",
     "bertctl submit --cluster ci_slurm --test-only": "tests/test_slurm.py::test_test_only_asks_slurm_and_oversized_jobs_are_refused",
     "bertctl submit --cluster ci_slurm --probe": "tests/test_slurm.py::test_two_nodes_times_two_tasks_report_their_ranks_and_nodes",
+    # the GPU suite's device command: rehearsed on the CPU (make gpu-wheels for this Python's version, then the
+    # same script with --device cpu --quick) in a Python like the GPU machine's
+    "make gpu-wheels": "tests/test_device_run.py::wheels",
+    "bash benchmarks/gpu/device_run.sh --budget 480 --out gpu-run":
+        "tests/test_device_run.py::test_the_device_command_runs_its_stages_in_a_python_like_the_gpu_machines",
     # needs the user's copy of the MLPerf files and a cluster named mycluster; the same path runs on
     # TFRecords written in the MLPerf layout in tests/test_data_tfrecord.py and as job arrays in tests/test_data_slurm.py
     "bertctl data prepare --dataset mlperf_wiki --cluster mycluster --wait -o source.train=/data/tfrecords "
