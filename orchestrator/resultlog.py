@@ -229,7 +229,8 @@ class Rules:
         self.status: str | None = None
 
     def check(self, e: Event) -> str | None:
-        return self._time(e) or self._metadata(e) or self._value(e) or self._order(e)
+        # the order of events first: a copied line breaks it and, less tellingly, the order of times too
+        return self._metadata(e) or self._value(e) or self._order(e) or self._time(e)
 
     def _time(self, e: Event) -> str | None:
         t = e.time_ms

@@ -104,13 +104,13 @@ def assess(rs, ruleset: str | None = None, werror: bool = False, with_score: boo
     if crashed:  # not a verdict on the logs: the tool itself failed
         report.problems.append(f"the compliance checker crashed on {len(crashed)} log(s): {crashed[0].messages[0]}")
     malformed = [r.file for r, s in zip(report.runs, rs.summaries) if own_problem(s)]
+    if with_score:
+        _score(report, rs, skip_official=bool(malformed))
+    _judge(report, with_score, malformed)
     if malformed:
         report.problems.append(
             f"{len(malformed)} malformed log(s) ({', '.join(malformed)}): bertctl's checks fail them before the "
             "official checker, and a malformed log cannot be the run olympic scoring drops")
-    if with_score:
-        _score(report, rs, skip_official=bool(malformed))
-    _judge(report, with_score)
     return report
 
 
@@ -152,7 +152,7 @@ def _score(report: Report, rs, skip_official: bool = False) -> None:
                                        scoring.rcp_bypass_reason(rs.run_config))
 
 
-def _judge(report: Report, with_score: bool) -> None:
+def _judge(report: Report, with_score: bool, malformed: list[str] = ()) -> None:
     """What keeps the set from being a valid MLPerf result; the empty list means it passes."""
     failing = [r.file for r in report.runs if not r.compliant]
     bad = [r.file for r in report.runs if not r.compliant or not r.converged]
@@ -163,7 +163,7 @@ def _judge(report: Report, with_score: bool) -> None:
         report.problems.append(
             f"{len(bad)} run(s) fail the checker or did not converge ({', '.join(bad)}); "
             f"{'olympic scoring accepts at most 1' if with_score else 'every run must pass'}")
-    elif bad:
+    elif bad and bad[0] not in malformed:
         report.notes.append(f"{bad[0]} fails or did not converge: accepted under olympic scoring as the dropped run")
     if with_score and report.score.minutes is None:
         report.problems.append(report.score.note)
