@@ -146,6 +146,8 @@ def parse(path: str | Path) -> ParsedLog:
         if MARKER not in line:
             continue
         event, why = parse_line(line, number)
+        if why and number == len(lines):
+            continue  # no newline yet: a line the run is still writing (status reads logs in progress)
         if why:
             log.damaged.append((number, why))
             continue

@@ -280,3 +280,14 @@ def test_package_refuses_a_malformed_log_before_writing_anything(tmp_path):
 def test_the_reader_never_imports_torch():
     code = "import sys, orchestrator.resultlog, orchestrator.results; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], cwd=REPO).returncode == 0
+
+
+def test_a_line_still_being_written_is_not_damage(valid_logs, tmp_path):
+    """status reads the logs of running runs: their last line may lack its end (and its newline) for a moment."""
+    path = tmp_path / "result_0.txt"
+    lines = (valid_logs / "result_0.txt").read_text().splitlines(keepends=True)
+    path.write_text("".join(lines[:40]) + lines[40][:50])
+    s = results.summarize(path)
+    assert (s.damaged, s.problem, s.incomplete) == ([], None, "line 41: no run_stop") and s.events == 40
+    path.write_text("".join(lines[:40]) + lines[40][:50] + "\n")  # ended: now it is damage
+    assert [line for line, _ in results.summarize(path).damaged] == [41]
