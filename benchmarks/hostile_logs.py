@@ -1,6 +1,6 @@
 """Hostile MLPerf result logs against compliance-check, status and plot: tracebacks, hangs, wrong verdicts.
 
-    python benchmarks/hostile_logs.py [--random 120] [--seed 0] [--timeout 20]
+    python benchmarks/hostile_logs.py [--random 120] [--seed 0] [--timeout 20] [--plot-every 1]
 
 Generates damaged logs from valid ones (tests/mllog_factory.py): every case of tests/hostile_logs.py
 (time, order, accuracy, counts, key, types, lines, file) on four different valid runs, plus random
@@ -211,14 +211,15 @@ def main() -> None:
     parser.add_argument("--random", type=int, default=120, help="random edits on top of the table's cases")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=int, default=20, help="seconds before a verb counts as a hang")
-    parser.add_argument("--no-plot", action="store_true")
+    parser.add_argument("--plot-every", type=int, default=1, metavar="N",
+                        help="plot every Nth case only (0: none); a plot takes seconds on a small machine")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="hostile-logs-"))
     os.environ["BERTCTL_HOME"] = str(work / "home")
     os.environ.pop("BERTCTL_CLUSTERS", None)
     rng = random.Random(args.seed)
     counts = {"cases": 0, "known malformed": 0, "tracebacks": 0, "hangs": 0, "wrong verdicts": 0,
-              "status blinded": 0, "half-written outputs": 0, "not one line": 0, "examples": []}
+              "status blinded": 0, "half-written outputs": 0, "not one line": 0, "plots": 0, "examples": []}
     started = time.monotonic()
     try:
         valids = [f.write_log(work / f"valid_{i}.txt", spec) for i, spec in enumerate(base_specs())]
@@ -232,14 +233,16 @@ def main() -> None:
         per_class: dict[str, int] = {}
         for k, (case, valid) in enumerate(cases):
             per_class[case.cls] = per_class.get(case.cls, 0) + 1
-            run_case(case, valid, work / f"case_{k}", good_exp, args.timeout, counts, plot=not args.no_plot)
+            plot = args.plot_every > 0 and k % args.plot_every == 0
+            counts["plots"] += plot
+            run_case(case, valid, work / f"case_{k}", good_exp, args.timeout, counts, plot=plot)
         disk = full_disk(work, args.timeout, counts)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(versions())
     print(f"cases: {counts['cases']} damaged logs ({counts['known malformed']} known malformed), by class: "
           + ", ".join(f"{cls} {n}" for cls, n in sorted(per_class.items())))
-    print(f"verbs: compliance-check --no-score, status --json{'' if args.no_plot else ', plot'} on each; {disk}")
+    print(f"verbs: compliance-check --no-score and status --json on each, plot on {counts['plots']}; {disk}")
     for key in ("tracebacks", "hangs", "wrong verdicts", "status blinded", "half-written outputs", "not one line"):
         extra = f" > {args.timeout} s" if key == "hangs" else " (malformed judged PASSED)" if key == "wrong verdicts" else ""
         print(f"{key}{extra}: {counts[key]}")

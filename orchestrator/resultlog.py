@@ -215,7 +215,8 @@ def _is_number(value) -> bool:
 
 
 def _is_count(value) -> bool:
-    return _is_number(value) and value >= 0 and float(value).is_integer() and value <= MAX_SAMPLES
+    """A sample count or epoch number: not necessarily whole (some logs count epochs in fractions)."""
+    return _is_number(value) and 0 <= value <= MAX_SAMPLES
 
 
 class Rules:
@@ -254,8 +255,7 @@ class Rules:
                 continue
             value = e.metadata[name]
             if not _is_count(value):
-                return (f"{e.key}'s {name} is {json.dumps(value)[:40]}, not a whole number from 0 to "
-                        f"{MAX_SAMPLES:.0e}")
+                return f"{e.key}'s {name} is {json.dumps(value)[:40]}, not a number from 0 to {MAX_SAMPLES:.0e}"
             previous = self.counts.get((e.key, name))
             if previous is not None and value < previous:
                 return f"{e.key}'s {name} {value} is below the previous {e.key}'s {previous}"
