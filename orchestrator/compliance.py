@@ -4,6 +4,7 @@ Each log is checked by `python -m mlperf_logging.compliance_checker` in its own 
 checker keeps module-level state between files, crashes with a traceback on rulesets without BERT
 rules, and its verdict and messages are exactly what a reviewer running it by hand would see.
 This module adds no rules of its own; it picks the ruleset, runs the tool and keeps its messages.
+bertctl's own checks (orchestrator/resultlog.py) run before it: only a log that passed them gets here.
 """
 
 from __future__ import annotations
@@ -177,7 +178,8 @@ def check_log(path: str | Path, ruleset: str, werror: bool = False) -> CheckResu
                    "--ruleset", ruleset, "--log_output", str(Path(tmp) / "compliance_checker.log")]
         if werror:
             command.append("--werror")
-        proc = subprocess.run(command + [str(path)], capture_output=True, text=True, cwd=tmp)
+        # absolute: the checker runs in its own folder, so a relative log path would name nothing
+        proc = subprocess.run(command + [str(Path(path).absolute())], capture_output=True, text=True, cwd=tmp)
     if "Traceback (most recent call last)" in proc.stderr:
         last = [line for line in proc.stderr.strip().splitlines() if line.strip()][-1]
         return CheckResult(str(path), ruleset, False, [f"the checker crashed: {last}"], crashed=True)

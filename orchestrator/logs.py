@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import io
 import re
 import sys
 import time
 from pathlib import Path
 from typing import Callable, TextIO
 
-from orchestrator import status
+from orchestrator import resultlog, status
 from orchestrator.errors import UserError
 from orchestrator.experiments import Experiment
 
@@ -52,7 +53,8 @@ def show(exp: Experiment, run: int | None, rank: int | None, follow: bool, out: 
     if not follow:
         if not path.exists():
             raise UserError(f"run {run} has no log yet ({path})", where=exp.id)
-        _copy_last(path.read_text(errors="replace"), keep, last, out)
+        with _open_text(path) as f:
+            _copy_last(f.read(), keep, last, out)
         return 0
     follow_file(path, lambda: _run_over(exp, run), keep, out, last=last)
     return 0
@@ -71,7 +73,7 @@ def follow_file(path: Path, done, keep, out: TextIO, last: int | None = None) ->
     """Stream `path` as it grows until `done()`; with `last`, start from its last N kept lines (tail -n N -f)."""
     offset, pending = 0, ""
     if last is not None and path.exists():
-        with path.open("r", errors="replace") as f:
+        with _open_text(path) as f:
             text = f.read()
             offset = f.tell()
         complete, _, pending = text.rpartition("\n")
@@ -79,7 +81,7 @@ def follow_file(path: Path, done, keep, out: TextIO, last: int | None = None) ->
     while True:
         over = done()  # checked before reading, so nothing written before the end is missed
         if path.exists():
-            with path.open("r", errors="replace") as f:
+            with _open_text(path) as f:
                 f.seek(offset)
                 chunk = f.read()
                 offset = f.tell()
@@ -91,6 +93,11 @@ def follow_file(path: Path, done, keep, out: TextIO, last: int | None = None) ->
                 _copy(pending + "\n", keep, out)
             return
         time.sleep(POLL_S)
+
+
+def _open_text(path: Path):
+    """A log opened as text, if it is a regular file (a FIFO would block): else one UserError naming it."""
+    return io.TextIOWrapper(resultlog.open_regular(path, "run log"), encoding="utf-8", errors="replace")
 
 
 def _run_over(exp: Experiment, run: int) -> bool:

@@ -12,6 +12,7 @@ and the RCP, as MLCommons' submission tooling does. It always exits 0; its verdi
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -104,21 +105,54 @@ def build(rs, org: str, out: Path, system_id: str | None = None) -> tuple[Path, 
     if used_nodes:  # the scale that produced these results, -o resources.nodes=N included
         system = {**system, "number_of_nodes": used_nodes}
     rs.require_runs(scoring.required_runs())
+    malformed = [(f, s.problem or s.incomplete) for f, s in zip(rs.files, rs.summaries) if s.problem or s.incomplete]
+    if malformed:
+        f, why = malformed[0]
+        raise UserError(f"malformed MLPerf log: {why}; a package holds only logs that pass bertctl's checks "
+                        "(see `bertctl compliance-check`)", where=str(f))
     org_dir = out / org
     bench = org_dir / "results" / system_id / BENCHMARK
     if bench.exists():
         raise UserError("already exists: remove it or choose another --out", where=str(bench))
-    bench.mkdir(parents=True)
-    for i, log in enumerate(rs.files):
-        shutil.copyfile(log, bench / f"result_{i}.txt")
     bypass = scoring.rcp_bypass_reason(rs.run_config) if division == "closed" else None
+    description = system_description(system, org, division)
+    out.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{org}.package-", dir=out))
+    try:  # written whole in a hidden folder beside it, then renamed into place: a full disk leaves nothing
+        staged = staging / org
+        _write_layout(staged, rs.files, system_id, description, bypass)
+        _move_into_place(staged, org_dir, system_id)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return org_dir, system_id, bypass
+
+
+def _write_layout(org_dir: Path, logs: list[Path], system_id: str, description: dict, bypass: str | None) -> None:
+    bench = org_dir / "results" / system_id / BENCHMARK
+    bench.mkdir(parents=True)
+    for i, log in enumerate(logs):
+        shutil.copyfile(log, bench / f"result_{i}.txt")
     if bypass:
         (bench / "package_checker_params").write_text(RCP_BYPASS_PARAM)
     systems = org_dir / "systems"
-    systems.mkdir(parents=True, exist_ok=True)
-    description = system_description(system, org, division)
+    systems.mkdir(parents=True)
     (systems / f"{system_id}.json").write_text(json.dumps(description, indent=4) + "\n", encoding="utf-8")
-    return org_dir, system_id, bypass
+
+
+def _move_into_place(staged: Path, org_dir: Path, system_id: str) -> None:
+    """The staged ORG folder becomes org_dir; into an existing one (another system's package), its
+    system's results folder and description move by rename, each whole."""
+    if not org_dir.exists():
+        os.replace(staged, org_dir)
+        return
+    (org_dir / "results").mkdir(exist_ok=True)
+    (org_dir / "systems").mkdir(exist_ok=True)
+    target = org_dir / "results" / system_id
+    if target.exists():  # another benchmark of this system: move only ours
+        os.replace(staged / "results" / system_id / BENCHMARK, target / BENCHMARK)
+    else:
+        os.replace(staged / "results" / system_id, target)
+    os.replace(staged / "systems" / f"{system_id}.json", org_dir / "systems" / f"{system_id}.json")
 
 
 def check_package(org_dir: Path, ruleset: str) -> PackageVerdict:

@@ -15,7 +15,9 @@ and otherwise stated in the title, so a small model's curves are not squeezed in
 
 from __future__ import annotations
 
+import os
 import statistics
+import tempfile
 from pathlib import Path
 
 MLPERF_TARGET = 0.720
@@ -42,10 +44,30 @@ def plot(sets: list, out: Path) -> Path:
     import matplotlib.pyplot as plt
 
     fig = figure(sets)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        save_png(fig, out)
+    finally:
+        plt.close(fig)
     return out
+
+
+def save_png(fig, out: Path) -> None:
+    """Written under a hidden name in the same folder and renamed when whole: a full disk leaves no
+    half-written PNG under the real name, nor a temporary file in the way of a retry."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            fig.savefig(f, dpi=110, format="png")
+            f.flush()
+            os.fsync(f.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 would hide the plot from the user's group
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def figure(sets: list):
@@ -102,6 +124,8 @@ def _colour(set_index: int, run_index: int, n_sets: int):
 
 def _legend(s) -> str:
     name = Path(s.file).stem.replace("result_", "run ")
+    if s.problem:  # drawn up to the line that broke a rule; no time to train
+        return f"{name}: malformed log ({s.problem[:60]})"
     if s.converged and s.minutes is not None:
         return f"{name}: {s.minutes:.2f} min"
     return f"{name}: not converged ({s.status or 'no run_stop'})"
@@ -170,6 +194,9 @@ def _score_text(rs) -> str:
     score = scoring.olympic_score([(Path(s.file).name, s.minutes, s.converged) for s in rs.summaries])
     if len(rs.summaries) != scoring.required_runs():
         return f"not scored ({scoring.required_runs()} runs needed)"
+    malformed = [Path(s.file).name for s in rs.summaries if s.problem]
+    if malformed:
+        return f"not scored (malformed log: {', '.join(malformed[:3])})"
     if score.minutes is None:
         return "no score (more than one run did not converge)"
     return f"olympic score {score.minutes:.3f} min (before any RCP factor)"

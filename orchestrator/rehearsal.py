@@ -19,6 +19,7 @@ from orchestrator.errors import UserError
 from orchestrator.executors import batch_outputs
 from orchestrator.experiments import Experiment
 from orchestrator.scheduler import State
+from trainer.config.regular import read_regular_text
 from trainer.topology import parse_cpu_list
 
 PROBE_LINE = re.compile(r"^(?:\s*\d+: )?BERTCTL_PROBE (\{.*\})\s*$")
@@ -53,9 +54,9 @@ def read_reports(exp: Experiment, run: int) -> list[dict]:
     """Every rank's whole report (probe/run_N/rank_R.json); the log's short lines where there are none."""
     files = sorted((exp.path / "probe" / f"run_{run}").glob("rank_*.json"))
     if files:
-        return [json.loads(f.read_text()) for f in files]
+        return [json.loads(read_regular_text(f)) for f in files]
     try:
-        lines = exp.log_file(run).read_text(errors="replace").splitlines()
+        lines = read_regular_text(exp.log_file(run), errors="replace").splitlines()
     except OSError:
         return []
     return [json.loads(m.group(1)) for line in lines if (m := PROBE_LINE.match(line))]
@@ -100,7 +101,7 @@ def pyxis_error(exp: Experiment, run: int) -> str | None:
     """The container runtime's own complaint, which says more than the script's line after it."""
     for path in [exp.log_file(run), *batch_outputs(exp.executor, exp.path, exp.history)]:
         try:
-            lines = path.read_text(errors="replace").splitlines()
+            lines = read_regular_text(path, errors="replace").splitlines()
         except OSError:
             continue
         found = [line.strip() for line in lines if PYXIS_ERROR.search(line)]

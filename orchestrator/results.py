@@ -1,18 +1,19 @@
 """What a run's MLPerf log says: progress, accuracy, outcome, time to train and throughput.
 
-The lines are read with the official checker's own parser (`mlperf_logging`'s mlp_parser), so the
-reader and the checker agree on what a line means; this module only summarises.
+The events are read and checked by orchestrator/resultlog.py (bertctl's own checks, before the
+official checker); this module only summarises the events that passed them. A log with a problem
+keeps what it said before the problem (for `status`), but has no time to train and never converged,
+so it never enters a score.
 """
 
 from __future__ import annotations
 
-import json
+import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mlperf_logging.compliance_checker.mlp_parser import parse_file
-
-TOKEN = ":::MLLOG "
+from orchestrator import resultlog
 
 
 @dataclass
@@ -29,7 +30,9 @@ class Block:
 class RunSummary:
     file: str
     events: int = 0
-    parse_errors: list[str] = field(default_factory=list)
+    damaged: list[tuple[int, str]] = field(default_factory=list)  # (line, why): lines that are no event
+    problem: str | None = None  # "line N: the first rule the events break"; damaged lines first
+    incomplete: str | None = None  # "line N: no run_start" / "no run_stop": what a finished log lacks
     samples: int | None = None  # the furthest sample count any event reports
     evals: list[tuple[int, float]] = field(default_factory=list)  # (epoch_num = samples, accuracy)
     eval_times_ms: list[float] = field(default_factory=list)  # when each of `evals` was logged
@@ -58,8 +61,8 @@ class RunSummary:
 
     @property
     def converged(self) -> bool:
-        """run_stop says success: the notion the RCP checker and the olympic score use."""
-        return self.status == "success"
+        """run_stop says success (and the log broke no rule): the notion the RCP checker and the score use."""
+        return self.status == "success" and self.problem is None
 
     @property
     def epoch_num_counts_samples(self) -> bool:
@@ -93,8 +96,8 @@ class RunSummary:
 
     @property
     def minutes(self) -> float | None:
-        """Time to train: run_stop - run_start, in minutes."""
-        if self.run_start_ms is None or self.run_stop_ms is None:
+        """Time to train: run_stop - run_start, in minutes (None for a log with a problem)."""
+        if self.run_start_ms is None or self.run_stop_ms is None or self.problem is not None:
             return None
         return (self.run_stop_ms - self.run_start_ms) / 60000.0
 
@@ -154,77 +157,61 @@ class RunSummary:
         return points, timed
 
 
-def summarize(path: str | Path, ruleset: str = "5.0.0") -> RunSummary:
+def summarize(path: str | Path) -> RunSummary:
+    """What the log says; an absent log says nothing. A log that is not a regular file, or is too
+    large, raises UserError (one line naming it)."""
     summary = RunSummary(file=str(path))
-    if not Path(path).exists():
+    if not os.path.lexists(path):
         return summary
-    try:
-        lines, errors = parse_file(str(path), ruleset=ruleset)
-    except (KeyError, TypeError, AttributeError):
-        # the official parser raises on a JSON object without time_ms/key/value/metadata
-        summary.parse_errors = [f"line {n}: {why}" for n, why in damaged_lines(path)]
-        return summary
-    summary.events = len(lines)
-    summary.parse_errors = [f"{err}: {line[:120]}" for line, err in errors]
-    for ll in lines:
-        summary.keys.add(ll.key)
-        _absorb(summary, ll.key, ll.value.get("value"), ll.value.get("metadata") or {}, ll.timestamp)
+    log = resultlog.parse(path)
+    summary.damaged = log.damaged
+    summary.problem = log.problem_text
+    summary.incomplete = log.incomplete()
+    summary.events = len(log.events) + len(log.damaged) + (1 if log.problem else 0)
+    for e in log.events:  # each one passed resultlog's rules: numbers are finite and well typed
+        summary.keys.add(e.key)
+        _absorb(summary, e.key, e.value, e.metadata, float(e.time_ms))
     return summary
-
-
-def damaged_lines(path: str | Path) -> list[tuple[int, str]]:
-    """(1-based line number, what is wrong) for every MLLOG line that is not a complete JSON event."""
-    found = []
-    with open(path, encoding="latin-1") as f:
-        for number, line in enumerate(f, start=1):
-            if TOKEN not in line:
-                continue
-            text = line.split(TOKEN, 1)[1].strip()
-            try:
-                event = json.loads(text)
-            except ValueError as e:
-                found.append((number, f"not valid JSON ({e})"))
-                continue
-            missing = [k for k in ("time_ms", "key", "value", "metadata") if not isinstance(event, dict) or k not in event]
-            if missing:
-                found.append((number, f"an event without {', '.join(missing)}"))
-    return found
 
 
 def _absorb(s: RunSummary, key: str, value, meta: dict, time_ms: float) -> None:
     if s.first_time_ms is None:
         s.first_time_ms = time_ms
-    counts = [meta.get(k) for k in ("samples_count", "epoch_num") if isinstance(meta.get(k), (int, float))]
+    counts = [meta.get(k) for k in ("samples_count", "epoch_num") if _is_number(meta.get(k))]
     if counts:
         s.samples = max([int(c) for c in counts] + ([s.samples] if s.samples is not None else []))
-    if key == "eval_accuracy" and isinstance(value, (int, float)):
-        s.evals.append((int(meta.get("epoch_num", 0) or 0), float(value)))
+    if key == "eval_accuracy" and _is_number(value):
+        s.evals.append((_int_or_none(meta.get("epoch_num")) or 0, float(value)))
         s.eval_times_ms.append(time_ms)
     elif key == "block_start":
         s.blocks.append(Block(start_ms=time_ms, samples_start=_int_or_none(meta.get("samples_count"))))
     elif key == "block_stop" and s.blocks and s.blocks[-1].stop_ms is None:
         s.blocks[-1].stop_ms = time_ms
         s.blocks[-1].samples_stop = _int_or_none(meta.get("samples_count"))
-    elif key == "tracked_stats" and isinstance(value, dict) and isinstance(value.get("throughput"), (int, float)):
+    elif key == "tracked_stats" and isinstance(value, dict) and _is_number(value.get("throughput")):
         s.tracked_throughput.append((time_ms, float(value["throughput"])))
     elif key == "run_start":
         s.run_start_ms = time_ms
     elif key == "run_stop":
         s.run_stop_ms = time_ms
-        s.status = meta.get("status")
-    elif key == "train_samples" and isinstance(value, (int, float)):
+        s.status = meta.get("status") if isinstance(meta.get("status"), str) else None
+    elif key == "train_samples" and _is_number(value):
         s.train_samples = int(value)
-    elif key == "seed" and isinstance(value, int):
-        s.seed = value
-    elif key == "global_batch_size" and isinstance(value, (int, float)):
+    elif key == "seed" and _is_number(value):
+        s.seed = int(value)
+    elif key == "global_batch_size" and _is_number(value):
         s.global_batch_size = int(value)
-    elif key == "submission_benchmark" and s.benchmark is None:
+    elif key == "submission_benchmark" and s.benchmark is None and isinstance(value, str):
         s.benchmark = value
-    elif key == "submission_division" and s.division is None:
+    elif key == "submission_division" and s.division is None and isinstance(value, str):
         s.division = value
-    elif key == "submission_org" and s.org is None:
+    elif key == "submission_org" and s.org is None and isinstance(value, str):
         s.org = value
 
 
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def _int_or_none(value) -> int | None:
-    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    return int(value) if _is_number(value) else None

@@ -8,13 +8,15 @@ merely non-compliant are not bad input; the compliance checker judges them.
 from __future__ import annotations
 
 import json
+import math
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
-from orchestrator import results
+from orchestrator import resultlog, results
 from orchestrator.errors import UserError
 from orchestrator.results import RunSummary
 
@@ -76,13 +78,15 @@ class ResultSet:
         if path is None:
             return []
         by_update: dict[int, tuple[int, float]] = {}
-        for line in path.read_text(errors="replace").splitlines():
+        data, _ = resultlog.read_bounded(path, what="metrics file")
+        for line in data.decode("utf-8", errors="replace").splitlines():
             try:
                 record = json.loads(line)
                 # the window's mean (mlm_loss + nsp_loss) is smoother than the report's last step (loss)
-                loss = record["mlm_loss"] + record["nsp_loss"] if "mlm_loss" in record else record["loss"]
-                by_update[int(record["update"])] = (int(record["samples"]), float(loss))
-            except (ValueError, KeyError, TypeError):
+                loss = float(record["mlm_loss"] + record["nsp_loss"] if "mlm_loss" in record else record["loss"])
+                if math.isfinite(loss):
+                    by_update[int(record["update"])] = (int(record["samples"]), loss)
+            except (ValueError, KeyError, TypeError, OverflowError, RecursionError):
                 continue
         return [by_update[u] for u in sorted(by_update)]
 
@@ -121,7 +125,7 @@ def from_experiment(exp) -> ResultSet:
     if exp.program != "train":
         raise UserError(f"ran the {exp.program}, not training: it has no MLPerf result logs", where=where)
     files = [exp.result_file(i) for i in range(exp.nexp)]
-    missing = [f.name for f in files if not f.is_file()]
+    missing = [f.name for f in files if not os.path.lexists(f)]  # a FIFO or a directory is named by its reader
     if missing:
         raise UserError(
             f"no result log for {len(missing)} of {exp.nexp} runs ({', '.join(missing[:5])}"
@@ -139,7 +143,8 @@ def from_directory(path: Path) -> ResultSet:
     if not path.is_dir():
         raise UserError("not a directory (expected an MLPerf result tree or a folder of result_*.txt logs)",
                         where=str(path))
-    folder = _log_folder(path)
+    # absolute: the official checker runs in a folder of its own
+    folder = _log_folder(path.absolute())
     files = sorted(folder.glob(RESULT_GLOB), key=_run_order)
     return ResultSet(label=str(path), directory=folder, files=files, summaries=_summaries(files))
 
@@ -163,14 +168,14 @@ def _log_folder(path: Path) -> Path:
 
 
 def _summaries(files: list[Path]) -> list[RunSummary]:
+    """Each log read and checked (orchestrator/resultlog.py). Lines that are no event, a file that is no
+    log or not BERT's: bad input, one line. Events that break a rule: the run fails (`problem`)."""
     summaries = []
     for f in files:
         s = results.summarize(f)
-        if s.parse_errors:
-            damaged = results.damaged_lines(f)
-            first = f"line {damaged[0][0]} is {damaged[0][1]}" if damaged else s.parse_errors[0]
-            raise UserError(f"damaged MLPerf log: {first} ({len(damaged) or len(s.parse_errors)} bad line(s))",
-                            where=str(f))
+        if s.damaged:
+            line, why = s.damaged[0]
+            raise UserError(f"damaged MLPerf log: line {line} is {why} ({len(s.damaged)} bad line(s))", where=str(f))
         if s.events == 0:
             raise UserError("not an MLPerf log: no :::MLLOG lines", where=str(f))
         if s.benchmark not in (None, BENCHMARK_DIR):

@@ -13,7 +13,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from orchestrator import results, scheduler, strictyaml
+from orchestrator import resultlog, results, scheduler, strictyaml
+from orchestrator.errors import UserError
 from orchestrator.executors import batch_outputs
 from orchestrator.experiments import Experiment
 from orchestrator.scheduler import JobInfo, State
@@ -24,6 +25,7 @@ ERROR_LINE = re.compile(r"(?i)(error|exception|traceback|no such file|not found|
 SRUN_PREFIX = re.compile(r"^\s*\d+: ")
 # Slurm's own lines; with several slurmd on a host they read `slurmstepd-node1: error: ...`
 SCHEDULER_LINE = re.compile(r"^(srun|slurmstepd(-[\w.-]+)?): ")
+TAIL_BYTES = 256 * 1024  # of a run log, for its most telling line
 
 
 @dataclass
@@ -120,9 +122,11 @@ def run_view(exp: Experiment, run: int, job: JobInfo) -> RunView:
         run=run, state=state, seed=exp.seeds[run], job_id=job.job_id, nodes=job.nodes,
         elapsed_s=round(end - started.stat().st_mtime, 1) if started.exists() else None,
     )
-    if exp.program == "train":
-        add_progress(rv, exp)
-    if state == State.INTERRUPTED:
+    damage = add_progress(rv, exp) if exp.program == "train" else None
+    if damage:  # a run whose log breaks MLPerf's rules did not produce a result, whatever its exit code
+        rv.state = State.FAILED if state == State.COMPLETED else state
+        rv.error = damage
+    elif state == State.INTERRUPTED:
         update = checkpoint_update(exp, run)
         reached = f" at update {update}" if update is not None else ""
         rv.error = f"checkpoint saved{reached}: bertctl resume {exp.id} continues it"
@@ -156,8 +160,13 @@ def overall_state(states: list[State]) -> State:
     return State.COMPLETED
 
 
-def add_progress(rv: RunView, exp: Experiment) -> None:
-    summary = results.summarize(exp.result_file(rv.run))
+def add_progress(rv: RunView, exp: Experiment) -> str | None:
+    """Progress from the run's MLPerf log; returns what is wrong with the log, if anything."""
+    path = exp.result_file(rv.run)
+    try:
+        summary = results.summarize(path)
+    except UserError as e:  # not a regular file, or too large: say so, and list the other runs
+        return f"damaged log: {e}"
     rv.samples = summary.samples
     rv.accuracy = summary.last_accuracy
     rv.outcome = summary.status
@@ -165,6 +174,7 @@ def add_progress(rv: RunView, exp: Experiment) -> None:
     train = run.get("train") if isinstance(run.get("train"), dict) else {}
     rv.target = _number(train.get("target_accuracy"), float)
     rv.max_samples = _number(train.get("max_samples_termination"), int)
+    return f"damaged log: {path.name} {summary.problem}" if summary.problem else None
 
 
 def last_error(exp: Experiment, run: int, job: JobInfo) -> str | None:
@@ -178,10 +188,10 @@ def last_error(exp: Experiment, run: int, job: JobInfo) -> str | None:
 
 
 def _telling_line(path: Path) -> str | None:
-    try:
-        lines = path.read_text(errors="replace").splitlines()[-200:]
-    except OSError:
-        return None
+    try:  # the tail only: a run log can be gigabytes, or a FIFO that would block
+        lines = resultlog.read_tail(path, TAIL_BYTES).splitlines()[-200:]
+    except UserError as e:
+        return None if not path.exists() else str(e)
     lines = [SRUN_PREFIX.sub("", line).strip() for line in lines]
     lines = [line for line in lines if line and not line.startswith("===")]
     errors = [line for line in lines if ERROR_LINE.search(line)]

@@ -3,7 +3,15 @@
 `assess` gathers what the official tools say (orchestrator.compliance for the per-log checker,
 orchestrator.scoring for the score and RCP) and decides whether the set is a valid MLPerf result:
 at most one run may fail the checker or miss the target (it is the dropped one), there must be a
-score, and a closed-division set must pass its RCP check. `print_report` is the table on stderr,
+score, and a closed-division set must pass its RCP check.
+
+bertctl's own checks come first (orchestrator/resultlog.py): a log that breaks them (a second
+run_start, NaN times, evaluations after convergence, ...) fails with its line and reason and is never
+handed to the official tools, which pass many such logs. Its run has no time and never enters the
+score. The set then fails outright: MLPerf's olympic scoring drops one run that ran and was judged
+(non-compliant or not converged), but a malformed log could not be judged by the official checker at
+all, so bertctl does not let it be the dropped run, and skips the summarizer and the RCP check (they
+would read it with the official parser). `print_report` is the table on stderr,
 `Report.as_json` the contract scripts read on stdout.
 """
 
@@ -86,7 +94,7 @@ def assess(rs, ruleset: str | None = None, werror: bool = False, with_score: boo
     if with_score:
         rs.require_runs(scoring.required_runs())
     chosen, reason = choose_ruleset(rs.directory, rs.first_time_ms, ruleset, rs.recorded_ruleset)
-    checks = check_logs(rs.files, chosen, werror)
+    checks = _checks(rs, chosen, werror)
     report = Report(
         source="experiment" if rs.experiment else "directory", label=rs.label, directory=str(rs.directory),
         division=rs.division, ruleset=chosen, ruleset_reason=reason, checker=checker_version(),
@@ -95,10 +103,28 @@ def assess(rs, ruleset: str | None = None, werror: bool = False, with_score: boo
     crashed = [c for c in checks if c.crashed]
     if crashed:  # not a verdict on the logs: the tool itself failed
         report.problems.append(f"the compliance checker crashed on {len(crashed)} log(s): {crashed[0].messages[0]}")
+    malformed = [r.file for r, s in zip(report.runs, rs.summaries) if own_problem(s)]
     if with_score:
-        _score(report, rs)
-    _judge(report, with_score)
+        _score(report, rs, skip_official=bool(malformed))
+    _judge(report, with_score, malformed)
+    if malformed:
+        report.problems.append(
+            f"{len(malformed)} malformed log(s) ({', '.join(malformed)}): bertctl's checks fail them before the "
+            "official checker, and a malformed log cannot be the run olympic scoring drops")
     return report
+
+
+def own_problem(s) -> str | None:
+    """What bertctl's own checks find in a log read for a verdict: a broken rule, or a run not whole."""
+    return s.problem or s.incomplete
+
+
+def _checks(rs, ruleset: str, werror: bool) -> list[CheckResult]:
+    """The official checker's verdict on every log that passed bertctl's checks; ours on the others."""
+    judged = [f for f, s in zip(rs.files, rs.summaries) if not own_problem(s)]
+    official = iter(check_logs(judged, ruleset, werror))
+    return [CheckResult(str(f), ruleset, False, [f"malformed log (bertctl's checks): {own_problem(s)}"])
+            if own_problem(s) else next(official) for f, s in zip(rs.files, rs.summaries)]
 
 
 def _run_verdict(s, check: CheckResult) -> RunVerdict:
@@ -110,8 +136,12 @@ def _run_verdict(s, check: CheckResult) -> RunVerdict:
     )
 
 
-def _score(report: Report, rs) -> None:
+def _score(report: Report, rs, skip_official: bool = False) -> None:
     report.score = scoring.olympic_score([(r.file, r.minutes, r.converged) for r in report.runs])
+    if skip_official:
+        report.rcp_note = "not checked: a malformed log would reach the official parser"
+        report.notes.append("result_summarizer and RCP not run: they would read the malformed log(s)")
+        return
     report.summarizer = scoring.summarizer_score(rs.directory, report.ruleset)
     report.rcp_note = scoring.rcp_applies(report.division, report.ruleset)
     if report.rcp_note is None:
@@ -122,7 +152,7 @@ def _score(report: Report, rs) -> None:
                                        scoring.rcp_bypass_reason(rs.run_config))
 
 
-def _judge(report: Report, with_score: bool) -> None:
+def _judge(report: Report, with_score: bool, malformed: list[str] = ()) -> None:
     """What keeps the set from being a valid MLPerf result; the empty list means it passes."""
     failing = [r.file for r in report.runs if not r.compliant]
     bad = [r.file for r in report.runs if not r.compliant or not r.converged]
@@ -133,7 +163,7 @@ def _judge(report: Report, with_score: bool) -> None:
         report.problems.append(
             f"{len(bad)} run(s) fail the checker or did not converge ({', '.join(bad)}); "
             f"{'olympic scoring accepts at most 1' if with_score else 'every run must pass'}")
-    elif bad:
+    elif bad and bad[0] not in malformed:
         report.notes.append(f"{bad[0]} fails or did not converge: accepted under olympic scoring as the dropped run")
     if with_score and report.score.minutes is None:
         report.problems.append(report.score.note)

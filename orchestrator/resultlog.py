@@ -1,0 +1,316 @@
+"""Reading an MLPerf result log, and bertctl's own checks on it, before and beside the official checker.
+
+Every verb that reads a result log (status, compliance-check, plot, package, diff) reads it here, so
+one hostile file cannot hang, crash or fool any of them:
+
+- only a regular file is opened, without blocking (a FIFO, a device or a directory where a log
+  belongs is one line naming it), and only up to MAX_FILE_BYTES;
+- each `:::MLLOG` line is split at its marker once (the official parser's `re.sub(".*:::MLLOG ", ...)`
+  is quadratic in the line: a 300 KB line takes minutes), and a line longer than MAX_EVENT_CHARS,
+  or with two markers, is not an event;
+- the events must make one MLPerf run: `check_event` states each rule (one run_start and one
+  run_stop, in order, nothing after run_stop; finite, non-decreasing, plausible time_ms; numbers
+  where numbers belong; eval_accuracy in [0, 1]; sample counts non-negative, bounded and
+  non-decreasing; evaluations stop when the run converged). The first broken rule is the log's
+  `problem`, with its line number.
+
+The official checker passes many of these logs (duplicate run_start, NaN times, evaluations after
+convergence): its verdict is only as strong as these checks on top of it. A log with a problem is
+never handed to it. The key names are mllog's constants, the ones the writer (trainer/mlperf.py) uses.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from mlperf_logging.mllog import constants as K
+
+from orchestrator.errors import UserError
+
+MARKER = ":::MLLOG"
+MAX_FILE_BYTES = 64 * 1024 * 1024  # a BERT-large log is about 200 KB; NVIDIA's with stdout a few MB
+MAX_EVENT_CHARS = 1024  # the longest event bertctl or a published log writes is under 300 characters
+MAX_EVENTS = 20_000  # about 4,000 evaluations: far beyond any run that stops at its target
+# The official parser's time grows with the square of each event's length (3 ms for 1,000
+# characters): the sum of the squares is bounded so that it reads any log we hand it in seconds
+MAX_PARSER_WORK = 2 * 10**9  # 20,000 events of 300 characters
+MAX_SAMPLES = 10**12  # sample counts: 400,000 times the 2.5 M samples BERT-large needs
+MAX_INT = 2**63 - 1
+EARLIEST_MS = 946_684_800_000  # 2000-01-01: before any MLPerf round
+CLOCK_SKEW_MS = 24 * 3600 * 1000  # a log's time may run ahead of its file's mtime by a skewed clock, no more
+# cache_clear is appended by every node of a run with its own clock: those lines may be out of order
+CACHE_CLEAR_SKEW_MS = 60_000
+FIELDS = ("time_ms", "key", "value", "metadata")
+
+COUNT_METADATA = (K.EPOCH_NUM, K.SAMPLES_COUNT, K.FIRST_EPOCH_NUM, K.EPOCH_COUNT, "step")
+STRING_VALUES = (K.SUBMISSION_BENCHMARK, K.SUBMISSION_ORG, K.SUBMISSION_DIVISION, K.SUBMISSION_STATUS,
+                 K.SUBMISSION_PLATFORM, K.OPT_NAME)
+COUNT_VALUES = (K.TRAIN_SAMPLES, K.EVAL_SAMPLES, K.SEED, K.GLOBAL_BATCH_SIZE, "d_batch_size",
+                K.GRADIENT_ACCUMULATION_STEPS, K.MAX_SEQUENCE_LENGTH, "max_predictions_per_seq",
+                K.OPT_LR_WARMUP_STEPS, K.NUM_WARMUP_STEPS, K.START_WARMUP_STEP, K.OPT_LR_TRAINING_STEPS)
+NUMBER_VALUES = (K.OPT_BASE_LR, K.OPT_LAMB_WEIGHT_DECAY, K.OPT_LAMB_BETA_1, K.OPT_LAMB_BETA_2,
+                 K.OPT_LAMB_LR_DECAY_POLY_POWER, K.OPT_LAMB_EPSILON, "opt_epsilon")
+
+
+@dataclass
+class Event:
+    line: int  # 1-based, as an editor counts lines
+    time_ms: float
+    key: str
+    value: object
+    metadata: dict
+
+
+@dataclass
+class ParsedLog:
+    path: Path
+    events: list[Event] = field(default_factory=list)  # the events before the first problem
+    damaged: list[tuple[int, str]] = field(default_factory=list)  # (line, why) for lines that are no event
+    problem: tuple[int, str] | None = None  # the first line whose event breaks a rule, and the rule
+    lines: int = 0
+    has_run_start: bool = False
+    has_run_stop: bool = False
+
+    @property
+    def problem_text(self) -> str | None:
+        if self.damaged:
+            line, why = self.damaged[0]
+            return f"line {line}: {why}"
+        return f"line {self.problem[0]}: {self.problem[1]}" if self.problem else None
+
+    def incomplete(self) -> str | None:
+        """Why this is not a whole run (no run_start, no run_stop), or None: what a finished log needs."""
+        if not self.has_run_start:
+            return f"line {self.lines}: no run_start"
+        if not self.has_run_stop:
+            return f"line {self.lines}: no run_stop"
+        return None
+
+
+class _NonFinite(ValueError):
+    pass
+
+
+def open_regular(path: str | Path, what: str = "result log"):
+    """The file opened for reading as bytes, if it is a regular file; else one UserError naming it.
+
+    O_NONBLOCK: opening a FIFO without a writer would otherwise wait forever.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise UserError(f"cannot read the {what}: {e.strerror}", where=str(path)) from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise UserError(f"not a regular file ({_kind(mode)}): expected a {what}", where=str(path))
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_bounded(path: str | Path, limit: int = MAX_FILE_BYTES, what: str = "result log") -> tuple[bytes, float]:
+    """(content, mtime) of a regular file no larger than `limit`; else one UserError naming it."""
+    with open_regular(path, what) as f:
+        mtime = os.fstat(f.fileno()).st_mtime
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise UserError(f"larger than {limit // (1024 * 1024)} MiB: not a {what}", where=str(path))
+    return data, mtime
+
+
+def read_tail(path: str | Path, limit: int, what: str = "run log") -> str:
+    """The last `limit` bytes of a regular file as text (a whole log may be gigabytes of output)."""
+    with open_regular(path, what) as f:
+        size = os.fstat(f.fileno()).st_size
+        f.seek(max(0, size - limit))
+        return f.read(limit).decode("utf-8", errors="replace")
+
+
+def parse(path: str | Path) -> ParsedLog:
+    """Every event of the log, checked in order; stops at the first damaged line or broken rule."""
+    data, mtime = read_bounded(path)
+    log = ParsedLog(Path(path))
+    rules = Rules(latest_ms=mtime * 1000.0 + CLOCK_SKEW_MS)
+    lines = data.decode("utf-8", errors="replace").split("\n")
+    work = 0
+    log.lines = len(lines) - (1 if lines and lines[-1] == "" else 0)
+    for number, line in enumerate(lines, start=1):
+        if MARKER not in line:
+            continue
+        event, why = parse_line(line, number)
+        if why and number == len(lines):
+            continue  # no newline yet: a line the run is still writing (status reads logs in progress)
+        if why:
+            log.damaged.append((number, why))
+            continue
+        if log.damaged or log.problem:
+            continue  # keep finding damaged lines; the rules only judge an intact prefix
+        work += len(line) ** 2
+        if len(log.events) >= MAX_EVENTS or work > MAX_PARSER_WORK:
+            log.problem = (number, f"more than {MAX_EVENTS:,} events" if len(log.events) >= MAX_EVENTS else
+                           "too many long events: the official parser would take minutes (its time grows with "
+                           "the square of each line's length)")
+            continue
+        broken = rules.check(event)
+        if broken:
+            log.problem = (number, broken)
+            continue
+        log.events.append(event)
+    log.has_run_start, log.has_run_stop = rules.run_start is not None, rules.run_stop is not None
+    return log
+
+
+def parse_line(line: str, number: int) -> tuple[Event | None, str | None]:
+    """(event, None) for one intact `:::MLLOG {json}` line, else (None, what is wrong)."""
+    if line.count(MARKER) > 1:
+        return None, f"{line.count(MARKER)} :::MLLOG events on one line"
+    _, marker, text = line.partition(MARKER + " ")
+    if not marker:
+        return None, "a :::MLLOG marker without its event"
+    if len(text) > MAX_EVENT_CHARS:
+        return None, f"an event of {len(text):,} characters (at most {MAX_EVENT_CHARS:,})"
+    try:
+        raw = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float, parse_int=_bounded_int)
+    except _NonFinite as e:
+        return None, str(e)
+    except (ValueError, RecursionError) as e:
+        return None, f"not valid JSON ({e})"
+    if not isinstance(raw, dict):
+        return None, "not a JSON object"
+    missing = [k for k in FIELDS if k not in raw]
+    if missing:
+        return None, f"an event without {', '.join(missing)}"
+    if not isinstance(raw["key"], str) or not raw["key"]:
+        return None, f"an event whose key is {json.dumps(raw['key'])}, not a name"
+    return Event(number, raw["time_ms"], raw["key"], raw["value"], raw["metadata"]), None
+
+
+def _reject_constant(name: str):
+    raise _NonFinite(f"a non-finite number ({name}): JSON has none")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _NonFinite(f"a number out of range ({text[:40]})")
+    return value
+
+
+def _bounded_int(text: str) -> int:
+    if len(text.lstrip("-")) > 19 or abs(int(text)) > MAX_INT:
+        raise _NonFinite(f"an integer beyond 64 bits ({text[:40]}{'...' if len(text) > 40 else ''})")
+    return int(text)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_count(value) -> bool:
+    """A sample count or epoch number: not necessarily whole (some logs count epochs in fractions)."""
+    return _is_number(value) and 0 <= value <= MAX_SAMPLES
+
+
+class Rules:
+    """The rules one MLPerf run's events keep, checked event by event (`check` says the first broken one)."""
+
+    def __init__(self, latest_ms: float):
+        self.latest_ms = latest_ms
+        self.last_ms: float | None = None
+        self.run_start: int | None = None  # its line
+        self.run_stop: int | None = None
+        self.counts: dict[tuple[str, str], float] = {}  # (key, metadata field) -> the last count
+        self.evals: list[tuple[int, float]] = []  # (line, accuracy)
+        self.status: str | None = None
+
+    def check(self, e: Event) -> str | None:
+        # the order of events first: a copied line breaks it and, less tellingly, the order of times too
+        return self._metadata(e) or self._value(e) or self._order(e) or self._time(e)
+
+    def _time(self, e: Event) -> str | None:
+        t = e.time_ms
+        if not _is_number(t):
+            return f"time_ms is {json.dumps(t)[:40]}, not a number"
+        if not EARLIEST_MS <= t <= self.latest_ms:
+            return f"time_ms {t} is not a time this log could have been written at (2000 to its file's date)"
+        slack = CACHE_CLEAR_SKEW_MS if e.key == K.CACHE_CLEAR else 0
+        if self.last_ms is not None and t < self.last_ms - slack:
+            return f"time_ms {t} is earlier than the event before ({self.last_ms})"
+        self.last_ms = t if self.last_ms is None else max(t, self.last_ms)
+        return None
+
+    def _metadata(self, e: Event) -> str | None:
+        if not isinstance(e.metadata, dict):
+            return f"{e.key}'s metadata is {json.dumps(e.metadata)[:40]}, not an object"
+        for name in COUNT_METADATA:
+            if name not in e.metadata:
+                continue
+            value = e.metadata[name]
+            if not _is_count(value):
+                return f"{e.key}'s {name} is {json.dumps(value)[:40]}, not a number from 0 to {MAX_SAMPLES:.0e}"
+            previous = self.counts.get((e.key, name))
+            if previous is not None and value < previous:
+                return f"{e.key}'s {name} {value} is below the previous {e.key}'s {previous}"
+            self.counts[(e.key, name)] = value
+        if e.key == K.RUN_STOP and not isinstance(e.metadata.get(K.STATUS), str):
+            return f"run_stop's status is {json.dumps(e.metadata.get(K.STATUS))[:40]}, not a word"
+        return None
+
+    def _value(self, e: Event) -> str | None:
+        v = e.value
+        if e.key == K.EVAL_ACCURACY:
+            if not _is_number(v) or not 0.0 <= v <= 1.0:
+                return f"eval_accuracy is {json.dumps(v)[:40]}, not a number from 0 to 1"
+        elif e.key in COUNT_VALUES:
+            if not (_is_number(v) and 0 <= v <= MAX_SAMPLES):
+                return f"{e.key} is {json.dumps(v)[:40]}, not a number from 0 to {MAX_SAMPLES:.0e}"
+        elif e.key in NUMBER_VALUES:
+            if not _is_number(v):
+                return f"{e.key} is {json.dumps(v)[:40]}, not a number"
+        elif e.key in STRING_VALUES:
+            if not isinstance(v, str):
+                return f"{e.key} is {json.dumps(v)[:40]}, not a string"
+        elif e.key == "tracked_stats" and not isinstance(v, dict):
+            return f"tracked_stats is {json.dumps(v)[:40]}, not an object"
+        return None
+
+    def _order(self, e: Event) -> str | None:
+        if self.run_stop is not None:
+            return f"{e.key} after run_stop (line {self.run_stop})"
+        if e.key == K.RUN_START:
+            if self.run_start is not None:
+                return f"a second run_start (the first is on line {self.run_start})"
+            self.run_start = e.line
+        elif e.key == K.RUN_STOP:
+            if self.run_start is None:
+                return "run_stop before any run_start"
+            if e.metadata.get(K.STATUS) == "success" and self.evals:
+                final = self.evals[-1][1]
+                earlier = next(((line, acc) for line, acc in self.evals[:-1] if acc >= final), None)
+                if earlier:  # a run stops at the first evaluation that reaches its target
+                    return (f"evaluations after convergence: line {earlier[0]} already reached the final "
+                            f"accuracy {final}")
+            self.run_stop = e.line
+        elif e.key == K.EVAL_ACCURACY:
+            self.evals.append((e.line, e.value))
+        return None
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a plain file"
