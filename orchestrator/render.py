@@ -134,11 +134,11 @@ def sbatch_lines(options: list[tuple[str, object]], extra: list[str] = ()) -> li
 
 def task_command(c: ClusterConfig, program: Program) -> str:
     """The per-rank command line: optional binding wrapper, then the trainer (or the probe)."""
-    target = ["-m", "trainer.probe" if program == "probe" else "trainer", *TRAINER_ARGS]
+    target = ["-m", "trainer.launch.probe" if program == "probe" else "trainer", *TRAINER_ARGS]
     b = c.node.binding
     binding = []
     if (b.cpu, b.mem, b.ib) != ("none", "none", "none"):
-        binding = ['"$PYTHON"', "-m", "trainer.binding", "--cpu", b.cpu, "--mem", b.mem, "--ib", b.ib]
+        binding = ['"$PYTHON"', "-m", "trainer.launch.binding", "--cpu", b.cpu, "--mem", b.mem, "--ib", b.ib]
         if b.ib_devices:
             binding += ["--ib-devices", shlex.quote(",".join(b.ib_devices))]
         binding += ["--tasks-per-node", str(c.resources.tasks_per_node), "--"]
@@ -149,7 +149,7 @@ def local_command(c: ClusterConfig, program: Program) -> str:
     """On this machine several ranks start through torchrun, which sets RANK/WORLD_SIZE for them."""
     if c.resources.tasks_per_node == 1:
         return task_command(c, program)
-    target = ["-m", "trainer.probe" if program == "probe" else "trainer", *TRAINER_ARGS]
+    target = ["-m", "trainer.launch.probe" if program == "probe" else "trainer", *TRAINER_ARGS]
     launcher = ['"$PYTHON"', "-m", "torch.distributed.run", "--standalone",
                 f"--nproc-per-node={c.resources.tasks_per_node}"]
     return " ".join(launcher + target)

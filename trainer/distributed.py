@@ -12,7 +12,7 @@ import torch.distributed as dist
 from trainer.apex_kernels import apex_missing
 from trainer.attention import AttentionUnavailable, check_attention
 from trainer.config import RunConfig, RuntimeConfig
-from trainer.dist_env import DistEnv, detect
+from trainer.launch.dist_env import DistEnv, detect
 
 _group_created = False  # set once this process has joined a process group (see exit_process)
 
