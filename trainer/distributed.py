@@ -32,8 +32,9 @@ def init(cfg: RunConfig) -> tuple[DistEnv, torch.device]:
         )
     device = _device(cfg, env)
     check_kernels(cfg.runtime, device)
-    # bucket-wise clipping lives in a DDP hook, so even a single rank gets a (one-member) group
-    if env.world_size > 1 or cfg.optim.clip == "bucket":
+    # bucket-wise clipping lives in a DDP hook, so even a single rank gets a (one-member) group;
+    # a process that joined it already (the preflight, before its training steps) keeps it
+    if (env.world_size > 1 or cfg.optim.clip == "bucket") and not initialized():
         kwargs = {}
         if cfg.runtime.backend == "nccl":
             kwargs["device_id"] = device

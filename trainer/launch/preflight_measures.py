@@ -1,0 +1,219 @@
+"""The preflight's measures on one rank: each returns a `Figure` (a rate: higher is better) or raises.
+
+- `matmul_rate`: dense matmul at the model's GEMM shapes (bf16 on a GPU, fp32 on a CPU), TFLOP/s.
+- `copy_bandwidth`: device memory copy, GB/s (read + write), GPU only.
+- `read_bandwidth`: this rank's share of the training shards, read cold from the mount, MB/s.
+- `allreduce_busbw`: all-reduce bus bandwidth in a group, GB/s, nccl-tests' definition:
+  algbw = bytes / time, busbw = algbw x 2(n-1)/n (what each rank's link carries in a ring).
+- `train_steps`: real steps of the recipe (trainer/train.py's Trainer), samples/s per rank, and the
+  same steps' compute alone (forward and backward without DDP's allreduce), which pins a slow rank
+  where the synchronous step time cannot (every rank waits for the slowest).
+
+Timing: a figure is the best of `windows` windows, each at least `window_s` long. Best-of keeps other
+load on a shared machine out; windows of many scheduler periods keep a throttled rank (a CPU quota,
+low clocks) from hiding in a short burst.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+DDP_BUCKET_BYTES = 25 * 2**20  # DistributedDataParallel's default bucket_cap_mb
+READ_CHUNK = 4 * 2**20
+
+
+@dataclass(frozen=True)
+class Timing:
+    window_s: float = 1.0
+    windows: int = 3
+
+
+@dataclass
+class Figure:
+    value: float
+    unit: str
+    detail: dict = field(default_factory=dict)
+
+    def as_json(self) -> dict:
+        return {"value": self.value, "unit": self.unit, **self.detail}
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def best_rate(work, amount: float, device: torch.device, timing: Timing) -> tuple[float, int]:
+    """The best of `timing.windows` windows of `amount / seconds`, where `work()` does `amount` once;
+    each window repeats it until `window_s` has passed. Returns the rate and the repeats per window."""
+    work()
+    synchronize(device)  # warm-up: allocator, kernels, first-touch pages
+    best, repeats = 0.0, 0
+    for _ in range(timing.windows):
+        start, n = time.perf_counter(), 0
+        while True:
+            work()
+            n += 1
+            synchronize(device)
+            elapsed = time.perf_counter() - start
+            if elapsed >= timing.window_s:
+                break
+        best, repeats = max(best, amount * n / elapsed), n
+    return best, repeats
+
+
+def gemm_shapes(model, tokens: int) -> list[tuple[int, int, int]]:
+    """(m, k, n) of the encoder layer's GEMMs for `tokens` rows: QKV, attention output, FFN in and out."""
+    h, i = model.hidden_size, model.intermediate_size
+    return [(tokens, h, 3 * h), (tokens, h, h), (tokens, h, i), (tokens, i, h)]
+
+
+def matmul_rate(cfg, device: torch.device, timing: Timing) -> Figure:
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    tokens = cfg.train.batch_size * cfg.data.max_seq_length
+    operands = [(torch.randn(m, k, device=device, dtype=dtype), torch.randn(k, n, device=device, dtype=dtype),
+                 torch.empty(m, n, device=device, dtype=dtype)) for m, k, n in gemm_shapes(cfg.model, tokens)]
+    flops = sum(2 * a.shape[0] * a.shape[1] * b.shape[1] for a, b, _ in operands)
+
+    def work():
+        for a, b, out in operands:
+            torch.matmul(a, b, out=out)
+
+    rate, repeats = best_rate(work, flops, device, timing)
+    return Figure(rate / 1e12, "TFLOP/s", {"dtype": str(dtype).removeprefix("torch."), "tokens": tokens,
+                                           "repeats": repeats})
+
+
+def copy_bandwidth(device: torch.device, timing: Timing, megabytes: int = 256) -> Figure:
+    source = torch.empty(megabytes * 2**20, dtype=torch.uint8, device=device)
+    target = torch.empty_like(source)
+    rate, repeats = best_rate(lambda: target.copy_(source), 2 * source.numel(), device, timing)
+    return Figure(rate / 1e9, "GB/s", {"bytes": source.numel(), "repeats": repeats})
+
+
+class StorageError(Exception):
+    """This rank cannot read its shards (a mount missing on its node, a folder without shards)."""
+
+
+def my_shards(cfg, rank: int, world_size: int, seed: int) -> list[Path]:
+    from trainer.data.dataset import DataError, files_by_rank
+
+    if not os.path.isdir(cfg.data.train_dir):
+        raise StorageError(f"data.train_dir {cfg.data.train_dir}: not visible on this node (is the mount there?)")
+    try:
+        return files_by_rank(cfg.data, cfg.balance, world_size, seed)[rank]
+    except (DataError, OSError) as e:
+        raise StorageError(str(e)) from None
+
+
+def read_bandwidth(files: list[Path], budget_bytes: int) -> Figure:
+    """Read the files (up to `budget_bytes`) as the first epoch would, from the mount and not from this
+    node's page cache: each file's cached pages are dropped first (POSIX_FADV_DONTNEED)."""
+    done, start, used = 0, time.perf_counter(), 0
+    for path in files:
+        if done >= budget_bytes:
+            break
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            while done < budget_bytes:
+                chunk = os.read(fd, READ_CHUNK)
+                if not chunk:
+                    break
+                done += len(chunk)
+        finally:
+            os.close(fd)
+        used += 1
+    elapsed = time.perf_counter() - start
+    if not done:
+        raise StorageError("this rank's shards are empty")
+    return Figure(done / elapsed / 1e6, "MB/s", {"bytes": done, "files": used, "seconds": round(elapsed, 4)})
+
+
+def allreduce_bytes(cfg) -> int:
+    """DDP's bucket: its default cap, or the whole gradient when the model is smaller (fp32 gradients)."""
+    from trainer.model import BertForPreTraining
+
+    with torch.device("meta"):
+        params = sum(p.numel() for p in BertForPreTraining(cfg.model).parameters())
+    return min(DDP_BUCKET_BYTES, 4 * params)
+
+
+def allreduce_busbw(group, size_bytes: int, device: torch.device, timing: Timing) -> Figure:
+    """All-reduce busbw in `group` (this rank is a member). The members agree on the repeat count, so
+    every one times the same collectives."""
+    n = dist.get_world_size(group)
+    tensor = torch.ones(size_bytes // 4, dtype=torch.float32, device=device)
+    dist.all_reduce(tensor, group=group)  # warm-up: connections, buffers
+    synchronize(device)
+    start = time.perf_counter()
+    dist.all_reduce(tensor, group=group)
+    synchronize(device)
+    estimate = torch.tensor([math.ceil(timing.window_s / max(time.perf_counter() - start, 1e-6))], device=device)
+    dist.all_reduce(estimate, op=dist.ReduceOp.MAX, group=group)
+    repeats = int(min(estimate.item(), 1000))
+    best = math.inf
+    for _ in range(timing.windows):
+        synchronize(device)
+        start = time.perf_counter()
+        for _ in range(repeats):
+            dist.all_reduce(tensor, group=group)
+        synchronize(device)
+        best = min(best, (time.perf_counter() - start) / repeats)
+    algbw = size_bytes / best
+    return Figure(algbw * 2 * (n - 1) / n / 1e9, "GB/s",
+                  {"ranks": n, "bytes": size_bytes, "seconds": best, "algbw": algbw / 1e9, "repeats": repeats})
+
+
+def pair_rounds(nodes: int) -> list[list[tuple[int, int]]]:
+    """Node pairs in rounds: (0,1), (2,3), ... then re-paired (1,2), (3,4), ..., (last,0), so a slow
+    node is slow in every round and each of its partners is fast in the other. Two nodes: one round."""
+    if nodes < 2:
+        return []
+    first = [(i, i + 1) for i in range(0, nodes - 1, 2)]
+    if nodes == 2:
+        return [first]
+    second = [(i, (i + 1) % nodes) for i in range(1, nodes, 2)]
+    return [first, second]
+
+
+def train_steps(cfg, out: str, run_index: int, seed: int, steps: int) -> tuple[Figure, Figure]:
+    """`steps` real steps of the recipe after the trainer's own warm-up: the synchronous step (samples/s)
+    and its compute alone (forward and backward under DDP's no_sync, no collective)."""
+    from trainer.train import RunArgs, Trainer
+
+    trainer = Trainer(cfg, RunArgs(config="", out=out, run_index=run_index, seed=seed))
+    device, per_step = trainer.device, cfg.train.batch_size * cfg.train.gradient_accumulation_steps
+    try:
+        trainer.warm_up()
+        step_s, compute_s = [], []
+        for _ in range(steps):
+            batches = trainer.next_micro_batches()
+            synchronize(device)
+            start = time.perf_counter()
+            trainer.train_step(batches)
+            synchronize(device)
+            step_s.append(time.perf_counter() - start)
+        for _ in range(steps):
+            batches = trainer.next_micro_batches()
+            synchronize(device)
+            start = time.perf_counter()
+            for batch in batches:
+                local = trainer.ddp.no_sync() if trainer.ddp else contextlib.nullcontext()
+                trainer.forward_backward(batch, 1e-3, 1e-3, local)
+            synchronize(device)
+            compute_s.append(time.perf_counter() - start)
+            trainer.optimizer.zero_grad()
+    finally:
+        trainer.close()
+    step, compute = min(step_s), min(compute_s)
+    return (Figure(per_step / step, "samples/s", {"step_s": step, "steps_s": step_s}),
+            Figure(per_step / compute, "samples/s", {"compute_s": compute, "steps_s": compute_s}))
