@@ -78,11 +78,14 @@ def run(args: argparse.Namespace) -> dict:
     report.data["device"] = str(device)
     report.write()
 
+    together = dist.barrier if distributed.initialized() else (lambda: None)  # all ranks measure at once
+    together()
     report.record("matmul", lambda: m.matmul_rate(cfg, device, timing))
     if device.type == "cuda":
+        together()
         report.record("memcpy", lambda: m.copy_bandwidth(device, timing))
-    report.record("storage", lambda: m.read_bandwidth(m.my_shards(cfg, me.rank, me.world_size, seed),
-                                                         args.read_mb * 2**20))
+    together()
+    report.record("storage", lambda: m.read_bandwidth(m.my_shards(cfg, me.rank, me.world_size, seed), timing))
     if not distributed.initialized():  # one rank: nothing to reduce with; the steps still run
         return train(report, "storage" in report.data["measures"], lambda: steps(cfg, args, seed, report))
 
@@ -94,24 +97,28 @@ def run(args: argparse.Namespace) -> dict:
     mine = [r for r, n in enumerate(nodes) if n == report.data["node"]]
     groups_ok = True
 
-    def collective(name: str, ranks: list[int]) -> None:
+    def collective(name: str, ranks: list[int] | None) -> None:
+        """Every rank calls this for every measure, in the same order; `ranks`: this rank's group, or
+        None to sit out (a node without a pair in this round)."""
         nonlocal groups_ok
         if not groups_ok:
             report.skip(name, "an earlier collective failed")
             return
-        group = dist.new_group(ranks, use_local_synchronization=True) if len(ranks) < me.world_size else None
-        if report.record(name, lambda: m.allreduce_busbw(group, size, device, timing)) is None:
+        group = None
+        if ranks is not None:
+            group = dist.new_group(ranks, use_local_synchronization=True) if len(ranks) < me.world_size else dist.group.WORLD
+        if report.record(name, lambda: m.allreduce_busbw(group, size, device, timing)) is None and name in report.data["errors"]:
             groups_ok = False
 
-    if len(mine) > 1:
-        collective("allreduce_node", mine)
+    if max(nodes.count(n) for n in names) > 1:
+        collective("allreduce_node", mine if len(mine) > 1 else None)
     collective("allreduce_world", list(range(me.world_size)))
     for i, pairs in enumerate(m.pair_rounds(len(names))):
-        for a, b in pairs:
-            if report.data["node"] in (names[a], names[b]):
-                partner = names[b] if report.data["node"] == names[a] else names[a]
-                collective(f"allreduce_pair_{i}", [r for r, n in enumerate(nodes) if n in (names[a], names[b])])
-                report.data.setdefault("partners", {})[f"allreduce_pair_{i}"] = partner
+        pair = next(((a, b) for a, b in pairs if report.data["node"] in (names[a], names[b])), None)
+        if pair is not None:
+            members = {names[pair[0]], names[pair[1]]}
+            report.data.setdefault("partners", {})[f"allreduce_pair_{i}"] = (members - {report.data["node"]}).pop()
+        collective(f"allreduce_pair_{i}", [r for r, n in enumerate(nodes) if n in members] if pair else None)
     return train(report, readable, lambda: steps(cfg, args, seed, report))
 
 
@@ -159,8 +166,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=float, default=float(os.environ.get("BERTCTL_PREFLIGHT_WINDOW", "1.0")),
                         help="seconds per timing window (each figure is the best of --windows windows)")
     parser.add_argument("--windows", type=int, default=int(os.environ.get("BERTCTL_PREFLIGHT_WINDOWS", "3")))
-    parser.add_argument("--read-mb", type=int, default=int(os.environ.get("BERTCTL_PREFLIGHT_READ_MB", "256")),
-                        help="read at most this much of this rank's shards")
     parser.add_argument("--steps", type=int, default=int(os.environ.get("BERTCTL_PREFLIGHT_STEPS", "5")),
                         help="training steps timed (after the trainer's warm-up)")
     args = parser.parse_args(argv)

@@ -114,28 +114,37 @@ def my_shards(cfg, rank: int, world_size: int, seed: int) -> list[Path]:
         raise StorageError(str(e)) from None
 
 
-def read_bandwidth(files: list[Path], budget_bytes: int) -> Figure:
-    """Read the files (up to `budget_bytes`) as the first epoch would, from the mount and not from this
-    node's page cache: each file's cached pages are dropped first (POSIX_FADV_DONTNEED)."""
-    done, start, used = 0, time.perf_counter(), 0
-    for path in files:
-        if done >= budget_bytes:
-            break
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            while done < budget_bytes:
-                chunk = os.read(fd, READ_CHUNK)
-                if not chunk:
-                    break
-                done += len(chunk)
-        finally:
-            os.close(fd)
-        used += 1
-    elapsed = time.perf_counter() - start
-    if not done:
+def read_bandwidth(files: list[Path], timing: Timing) -> Figure:
+    """Read the files in turn as the first epoch would, from the mount and not from this node's page
+    cache (each file's cached pages are dropped before it is read: POSIX_FADV_DONTNEED), in windows
+    like the other figures; a window reads at least one whole file."""
+    if not files:
+        raise StorageError("this rank has no shards to read")
+    best, turn = 0.0, 0
+    for _ in range(timing.windows):
+        done, start = 0, time.perf_counter()
+        while True:
+            done += read_cold(files[turn % len(files)])
+            turn += 1
+            elapsed = time.perf_counter() - start
+            if elapsed >= timing.window_s:
+                break
+        best = max(best, done / elapsed)
+    if not best:
         raise StorageError("this rank's shards are empty")
-    return Figure(done / elapsed / 1e6, "MB/s", {"bytes": done, "files": used, "seconds": round(elapsed, 4)})
+    return Figure(best / 1e6, "MB/s", {"files": min(turn, len(files)), "reads": turn})
+
+
+def read_cold(path: Path) -> int:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        done = 0
+        while chunk := os.read(fd, READ_CHUNK):
+            done += len(chunk)
+        return done
+    finally:
+        os.close(fd)
 
 
 def allreduce_bytes(cfg) -> int:
@@ -147,27 +156,36 @@ def allreduce_bytes(cfg) -> int:
     return min(DDP_BUCKET_BYTES, 4 * params)
 
 
-def allreduce_busbw(group, size_bytes: int, device: torch.device, timing: Timing) -> Figure:
-    """All-reduce busbw in `group` (this rank is a member). The members agree on the repeat count, so
-    every one times the same collectives."""
-    n = dist.get_world_size(group)
-    tensor = torch.ones(size_bytes // 4, dtype=torch.float32, device=device)
-    dist.all_reduce(tensor, group=group)  # warm-up: connections, buffers
-    synchronize(device)
-    start = time.perf_counter()
-    dist.all_reduce(tensor, group=group)
-    synchronize(device)
-    estimate = torch.tensor([math.ceil(timing.window_s / max(time.perf_counter() - start, 1e-6))], device=device)
-    dist.all_reduce(estimate, op=dist.ReduceOp.MAX, group=group)
+def allreduce_busbw(group, size_bytes: int, device: torch.device, timing: Timing) -> Figure | None:
+    """All-reduce busbw in `group` (None: this rank sits this measure out). Every rank of the job calls
+    it, at the same point: the groups of one measure (every node's, every pair's) run their windows at
+    the same time, each window after a barrier of all ranks, with one repeat count for all, so no
+    group gets the machine or the network to itself while the others are done."""
+    tensor = torch.ones(size_bytes // 4, dtype=torch.float32, device=device) if group is not None else None
+    seconds = math.inf
+    if group is not None:
+        dist.all_reduce(tensor, group=group)  # warm-up: connections, buffers
+        synchronize(device)
+        start = time.perf_counter()
+        dist.all_reduce(tensor, group=group)
+        synchronize(device)
+        seconds = time.perf_counter() - start
+    estimate = torch.tensor([math.ceil(timing.window_s / max(seconds, 1e-6)) if group is not None else 1], device=device)
+    dist.all_reduce(estimate, op=dist.ReduceOp.MAX)
     repeats = int(min(estimate.item(), 1000))
     best = math.inf
     for _ in range(timing.windows):
-        synchronize(device)
+        dist.barrier()
+        if group is None:
+            continue
         start = time.perf_counter()
         for _ in range(repeats):
             dist.all_reduce(tensor, group=group)
         synchronize(device)
         best = min(best, (time.perf_counter() - start) / repeats)
+    if group is None:
+        return None
+    n = dist.get_world_size(group)
     algbw = size_bytes / best
     return Figure(algbw * 2 * (n - 1) / n / 1e9, "GB/s",
                   {"ranks": n, "bytes": size_bytes, "seconds": best, "algbw": algbw / 1e9, "repeats": repeats})
