@@ -7,6 +7,7 @@ Progress and the last eval accuracy come from the run's MLPerf log.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from dataclasses import asdict, dataclass, field
@@ -39,6 +40,7 @@ class RunView:
     target: float | None = None
     outcome: str | None = None  # the MLPerf run_stop status: success | aborted
     error: str | None = None
+    straggler: dict | None = None  # the last progress line's: the rank whose compute holds the others back
 
 
 @dataclass
@@ -163,6 +165,24 @@ def add_progress(rv: RunView, exp: Experiment) -> None:
     run = _run_config(exp)
     rv.target = run.get("train", {}).get("target_accuracy")
     rv.max_samples = run.get("train", {}).get("max_samples_termination")
+    rv.straggler = last_straggler(exp.path / "metrics" / f"run_{rv.run}.jsonl")
+
+
+def last_straggler(metrics: Path) -> dict | None:
+    """The straggler the run's last progress line names (trainer/stragglers.py), if any: only the file's tail is read."""
+    try:
+        with metrics.open("rb") as f:
+            f.seek(max(f.seek(0, 2) - 2**20, 0))
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # a line being written, or the cut first one
+        return record.get("straggler")
+    return None
 
 
 def last_error(exp: Experiment, run: int, job: JobInfo) -> str | None:
@@ -222,9 +242,14 @@ def print_table(views: list[ExperimentView], console) -> None:
         for r in v.runs:
             table.add_row(
                 v.id if r.run == 0 else "", str(r.run), _styled(r.state), r.job_id, _dash(r.nodes),
-                _duration(r.elapsed_s), str(r.seed), _samples(r), _accuracy(r), r.error or r.outcome or "",
+                _duration(r.elapsed_s), str(r.seed), _samples(r), _accuracy(r), r.error or r.outcome or _straggler(r),
             )
     console.print(table)
+
+
+def _straggler(r: RunView) -> str:
+    s = r.straggler
+    return f"straggler: rank {s['rank']} on {s['node']} (+{100 * s['over_median']:.0f} % compute)" if s else ""
 
 
 def _styled(state: State) -> str:

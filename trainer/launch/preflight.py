@@ -78,14 +78,10 @@ def run(args: argparse.Namespace) -> dict:
     report.data["device"] = str(device)
     report.write()
 
-    together = dist.barrier if distributed.initialized() else (lambda: None)  # all ranks measure at once
-    together()
     report.record("matmul", lambda: m.matmul_rate(cfg, device, timing))
     if device.type == "cuda":
-        together()
         report.record("memcpy", lambda: m.copy_bandwidth(device, timing))
-    together()
-    report.record("storage", lambda: m.read_bandwidth(m.my_shards(cfg, me.rank, me.world_size, seed), timing))
+    report.record("storage", lambda: storage(cfg, me, seed, timing))
     if not distributed.initialized():  # one rank: nothing to reduce with; the steps still run
         return train(report, "storage" in report.data["measures"], lambda: steps(cfg, args, seed, report))
 
@@ -122,6 +118,17 @@ def run(args: argparse.Namespace) -> dict:
     return train(report, readable, lambda: steps(cfg, args, seed, report))
 
 
+def storage(cfg, me, seed: int, timing):
+    from trainer.launch import preflight_measures as m
+
+    try:
+        files = m.my_shards(cfg, me.rank, me.world_size, seed)
+    except m.StorageError:
+        m.sit_out(timing)  # the other ranks' windows wait for every rank
+        raise
+    return m.read_bandwidth(files, timing)
+
+
 def train(report: Report, readable: bool, work) -> dict:
     if readable:
         report.record("train_step", work)
@@ -143,7 +150,7 @@ def steps(cfg, args: argparse.Namespace, seed: int, report: Report):
     from trainer.launch import preflight_measures as m
 
     step, compute = m.train_steps(cfg, os.path.join(args.out or ".", "preflight", "trainer"), args.run_index, seed,
-                                  args.steps)
+                                  args.steps, m.Timing(args.window, args.windows))
     report.data["measures"]["train_compute"] = compute.as_json()
     return step
 

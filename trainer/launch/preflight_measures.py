@@ -51,13 +51,44 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def together() -> None:
+    """Every rank starts the window at once (when there is a group), so that no rank's figure comes from
+    a moment when the others had stopped and left it the machine or the network."""
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def in_windows(timing: Timing, window) -> list:
+    """`window()` once per window, each after a barrier of all ranks. A rank whose measure fails still
+    joins every barrier (then raises), so the others are not left waiting for it."""
+    results, error = [], None
+    for _ in range(timing.windows):
+        together()
+        if error is None:
+            try:
+                results.append(window())
+            except Exception as e:  # raised below, after the last barrier
+                error = e
+    if error is not None:
+        raise error
+    return results
+
+
+def sit_out(timing: Timing) -> None:
+    in_windows(timing, lambda: None)
+
+
 def best_rate(work, amount: float, device: torch.device, timing: Timing) -> tuple[float, int]:
     """The best of `timing.windows` windows of `amount / seconds`, where `work()` does `amount` once;
     each window repeats it until `window_s` has passed. Returns the rate and the repeats per window."""
-    work()
-    synchronize(device)  # warm-up: allocator, kernels, first-touch pages
-    best, repeats = 0.0, 0
-    for _ in range(timing.windows):
+    first = True
+
+    def window() -> tuple[float, int]:
+        nonlocal first
+        if first:  # warm-up: allocator, kernels, first-touch pages (in the window: a failure joins the barriers)
+            work()
+            synchronize(device)
+            first = False
         start, n = time.perf_counter(), 0
         while True:
             work()
@@ -65,9 +96,9 @@ def best_rate(work, amount: float, device: torch.device, timing: Timing) -> tupl
             synchronize(device)
             elapsed = time.perf_counter() - start
             if elapsed >= timing.window_s:
-                break
-        best, repeats = max(best, amount * n / elapsed), n
-    return best, repeats
+                return amount * n / elapsed, n
+
+    return max(in_windows(timing, window))
 
 
 def gemm_shapes(model, tokens: int) -> list[tuple[int, int, int]]:
@@ -118,18 +149,21 @@ def read_bandwidth(files: list[Path], timing: Timing) -> Figure:
     """Read the files in turn as the first epoch would, from the mount and not from this node's page
     cache (each file's cached pages are dropped before it is read: POSIX_FADV_DONTNEED), in windows
     like the other figures; a window reads at least one whole file."""
-    if not files:
-        raise StorageError("this rank has no shards to read")
-    best, turn = 0.0, 0
-    for _ in range(timing.windows):
+    turn = 0
+
+    def window() -> float:
+        nonlocal turn
+        if not files:
+            raise StorageError("this rank has no shards to read")
         done, start = 0, time.perf_counter()
         while True:
             done += read_cold(files[turn % len(files)])
             turn += 1
             elapsed = time.perf_counter() - start
             if elapsed >= timing.window_s:
-                break
-        best = max(best, done / elapsed)
+                return done / elapsed
+
+    best = max(in_windows(timing, window))
     if not best:
         raise StorageError("this rank's shards are empty")
     return Figure(best / 1e6, "MB/s", {"files": min(turn, len(files)), "reads": turn})
@@ -203,16 +237,17 @@ def pair_rounds(nodes: int) -> list[list[tuple[int, int]]]:
     return [first, second]
 
 
-def train_steps(cfg, out: str, run_index: int, seed: int, steps: int) -> tuple[Figure, Figure]:
-    """`steps` real steps of the recipe after the trainer's own warm-up: the synchronous step (samples/s)
-    and its compute alone (forward and backward under DDP's no_sync, no collective)."""
+def train_steps(cfg, out: str, run_index: int, seed: int, steps: int, timing: Timing) -> tuple[Figure, Figure]:
+    """Real steps of the recipe after the trainer's own warm-up: `steps` synchronous steps (samples/s of
+    the best), and the compute of one step's batches alone, forward and backward under DDP's no_sync
+    (no collective), timed in windows like the other figures."""
     from trainer.train import RunArgs, Trainer
 
     trainer = Trainer(cfg, RunArgs(config="", out=out, run_index=run_index, seed=seed))
     device, per_step = trainer.device, cfg.train.batch_size * cfg.train.gradient_accumulation_steps
     try:
         trainer.warm_up()
-        step_s, compute_s = [], []
+        step_s = []
         for _ in range(steps):
             batches = trainer.next_micro_batches()
             synchronize(device)
@@ -220,18 +255,17 @@ def train_steps(cfg, out: str, run_index: int, seed: int, steps: int) -> tuple[F
             trainer.train_step(batches)
             synchronize(device)
             step_s.append(time.perf_counter() - start)
-        for _ in range(steps):
-            batches = trainer.next_micro_batches()
-            synchronize(device)
-            start = time.perf_counter()
+        batches = trainer.next_micro_batches()
+
+        def compute():
             for batch in batches:
                 local = trainer.ddp.no_sync() if trainer.ddp else contextlib.nullcontext()
                 trainer.forward_backward(batch, 1e-3, 1e-3, local)
-            synchronize(device)
-            compute_s.append(time.perf_counter() - start)
             trainer.optimizer.zero_grad()
+
+        rate, repeats = best_rate(compute, per_step, device, timing)
     finally:
         trainer.close()
-    step, compute = min(step_s), min(compute_s)
+    step = min(step_s)
     return (Figure(per_step / step, "samples/s", {"step_s": step, "steps_s": step_s}),
-            Figure(per_step / compute, "samples/s", {"compute_s": compute, "steps_s": compute_s}))
+            Figure(rate, "samples/s", {"compute_s": per_step / rate, "repeats": repeats}))
