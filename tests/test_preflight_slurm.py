@@ -5,9 +5,11 @@ read limit. The preflight must flag exactly that node, in every repeat, and no n
 without the throttle.
 
 Sizes are small (0.3 s windows, 2 training steps of a 2-layer BERT at length 128): each preflight takes
-about a minute on the 2 shared cores. The threshold is 30 %, not the default 10: the four ranks share
-two cores with whatever else runs on the machine, and two nodes' figures differ by up to ~15 %
-between runs without any throttle (measured here); the throttles make a node 3-10x slower.
+about a minute on the 2 shared cores. The threshold is 50 %, not the default 10: the four ranks share
+two cores and one virtual disk with whatever else runs on the machine, and without any throttle one
+node's figure came out up to 47 % below the other's (a shard read: 97.5 vs 183 MB/s; before every
+window started after a barrier, an intra-node all-reduce and the step compute did too). The throttles
+make a node 5-50x slower: 10 % of one CPU for both of its ranks, or 4 MB/s of reads.
 """
 
 from __future__ import annotations
@@ -27,14 +29,16 @@ pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.usefixtures("slur
 
 CGROUP = Path("/sys/fs/cgroup")
 REPEATS = 3
-THRESHOLD = "30"
+THRESHOLD = "50"
 SMALL = {"BERTCTL_PREFLIGHT_WINDOW": "0.3", "BERTCTL_PREFLIGHT_WINDOWS": "3", "BERTCTL_PREFLIGHT_STEPS": "2"}
 
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory) -> Path:
-    """8 shards of ~0.8 MB (2 per rank), written to disk (not only the page cache) so reads reach the device."""
-    folder = write_dataset(tmp_path_factory.mktemp("preflight") / "train", shards=8, per_shard=2000, seed=1,
+    """4 shards of ~8 MB (one per rank), written to disk (not only the page cache) so reads reach the
+    device. Shards of 0.8 MB gave read figures twice as far apart between unthrottled nodes: opening
+    a file and its first read's latency weighed as much as the transfer."""
+    folder = write_dataset(tmp_path_factory.mktemp("preflight") / "train", shards=4, per_shard=20000, seed=1,
                            vocab=64, max_len=128, max_pred=20)
     os.sync()
     return folder
@@ -54,8 +58,9 @@ def overrides(shards: Path) -> list[str]:
 class Throttle:
     """Moves every process of the tagged job on `node` into cgroup v1 groups as it appears: `cpu` with
     a CFS quota (a share of one CPU for all of the node's ranks), `blkio` with a read limit on the
-    shards' device. A process joins the blkio group once torch is loaded (its libraries stay readable
-    at full speed), so only the shard reads are slowed."""
+    shards' device. A process joins once torch is loaded: Python and its libraries start at full
+    speed (reading them at 2 MB/s, or importing torch on a tenth of a CPU, would take minutes), the
+    measures run throttled."""
 
     def __init__(self, node: str, cpu_share: float | None = None, read_bps: tuple[str, int] | None = None):
         self.node, self.tag = node, uuid.uuid4().hex
@@ -95,7 +100,7 @@ class Throttle:
             if not all(m in environ for m in marks):
                 return
             for name, group in self.groups.items():
-                if pid in self.moved[name] or (name == "blkio" and b"libtorch_cpu" not in (entry / "maps").read_bytes()):
+                if pid in self.moved[name] or b"libtorch_cpu" not in (entry / "maps").read_bytes():
                     continue
                 (group / "cgroup.procs").write_text(str(pid))
                 self.moved[name].add(pid)
@@ -142,7 +147,7 @@ def test_without_a_throttle_no_node_is_flagged_in_any_repeat(shards):
 
 def test_a_cpu_quota_on_one_node_flags_exactly_that_node_in_every_repeat(shards, bertctl_home):
     for _ in range(REPEATS):
-        with Throttle("node2", cpu_share=0.25) as throttle:
+        with Throttle("node2", cpu_share=0.1) as throttle:
             code, verdict, err = preflight(shards, throttle.tag)
         assert throttle.moved["cpu"], "no process of the job was throttled"
         assert (code, verdict["flagged"]) == (1, ["node2"]), reasons(verdict)
@@ -161,10 +166,10 @@ def test_a_read_limit_on_one_node_flags_its_storage_measure(shards):
     majmin = f"{os.major(device)}:{os.minor(device)}"
     if not Path(f"/sys/dev/block/{majmin}").exists():
         pytest.skip(f"the shards' filesystem is not on a block device ({majmin}): blkio cannot limit it")
-    with Throttle("node1", read_bps=(majmin, 2 * 10**6)) as throttle:
+    with Throttle("node1", read_bps=(majmin, 4 * 10**6)) as throttle:
         code, verdict, err = preflight(shards, throttle.tag)
     assert throttle.moved["blkio"], "no process of the job was throttled"
     assert (code, verdict["flagged"]) == (1, ["node1"]), reasons(verdict)
     node1 = {n["node"]: n for n in verdict["nodes"]}["node1"]
     assert [r.split(":")[0] for r in node1["reasons"]] == ["read of the rank's shards"], node1["reasons"]
-    assert node1["measures"]["storage"]["value"] < 2.5  # MB/s: the limit, give or take a window's edge
+    assert node1["measures"]["storage"]["value"] < 4.5  # MB/s: the limit, give or take a window's edge

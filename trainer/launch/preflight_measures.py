@@ -243,6 +243,8 @@ def train_steps(cfg, out: str, run_index: int, seed: int, steps: int, timing: Ti
     (no collective), timed in windows like the other figures."""
     from trainer.train import RunArgs, Trainer
 
+    # checkpoints in the preflight's own folder: never resume from, or write to, the run's
+    cfg = cfg.model_copy(update={"checkpoint": cfg.checkpoint.model_copy(update={"dir": None, "final_model": None})})
     trainer = Trainer(cfg, RunArgs(config="", out=out, run_index=run_index, seed=seed))
     device, per_step = trainer.device, cfg.train.batch_size * cfg.train.gradient_accumulation_steps
     try:
