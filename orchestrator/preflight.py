@@ -128,8 +128,9 @@ def assess(exp_id: str, reports: dict[int, dict], world_size: int, per_node: int
            allocated: list[str] = ()) -> Verdict:
     names = node_names(reports, world_size, per_node, list(allocated))
     nodes = [NodeVerdict(name, list(range(k * per_node, (k + 1) * per_node))) for k, name in enumerate(names)]
+    furthest = max((progress(r) for r in reports.values()), default=0)
     for node in nodes:
-        collect_node(node, reports)
+        collect_node(node, reports, furthest)
     medians = {}
     for measure in MEASURES:
         values = [n.measures[measure].value for n in nodes if measure in n.measures]
@@ -147,8 +148,15 @@ def assess(exp_id: str, reports: dict[int, dict], world_size: int, per_node: int
     return Verdict(exp_id, threshold, nodes, medians)
 
 
-def collect_node(node: NodeVerdict, reports: dict[int, dict]) -> None:
-    """The node's slowest rank per measure, and what went wrong on any of its ranks."""
+def progress(report: dict) -> int:
+    """How far a rank got: the measures it finished or failed (done ranks count one more)."""
+    return len(report.get("measures", {})) + len(report.get("errors", {})) + bool(report.get("done"))
+
+
+def collect_node(node: NodeVerdict, reports: dict[int, dict], furthest: int) -> None:
+    """The node's slowest rank per measure, and what went wrong on any of its ranks. A rank that
+    stopped mid-check is blamed only if another rank got further: when one node dies, srun ends the
+    others' ranks too, at a later point (they were waiting for it)."""
     missing = [r for r in node.ranks if r not in reports]
     if missing:
         node.reasons.append(f"no report from rank(s) {', '.join(map(str, missing))}: the node died or never started")
@@ -158,7 +166,7 @@ def collect_node(node: NodeVerdict, reports: dict[int, dict]) -> None:
             continue
         for measure, error in report.get("errors", {}).items():
             node.reasons.append(f"rank {rank}: {measure} failed: {error}")
-        if not report.get("done"):
+        if not report.get("done") and progress(report) < furthest:
             last = list(report.get("measures", {}))[-1:] or ["its start"]
             node.reasons.append(f"rank {rank} stopped mid-check, after {last[0]}")
         for measure, (value, unit) in rank_figures(report).items():
@@ -188,6 +196,9 @@ def run(cluster, threshold: float, say) -> tuple[Experiment, Verdict]:
     verdict.excluded = config.slurm.exclude if config.executor == "slurm" else None
     write_json(exp.path / "preflight.json", verdict.as_json() | {"job_state": final.state.value,
                                                                  "ranks": [reports[r] for r in sorted(reports)]})
+    if final.state.value != "COMPLETED" and not verdict.flagged:
+        raise WorkFailed(f"preflight {exp.id} ended {final.state.value} and no node is to blame by its figures: see "
+                         f"{exp.log_file(0)} (`bertctl logs {exp.id}`)")
     return exp, verdict
 
 

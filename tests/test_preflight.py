@@ -66,6 +66,19 @@ def test_a_failed_measure_a_silent_node_and_a_rank_that_stopped_mid_check_are_fl
     assert verdict.nodes[3].reasons == ["rank 7 stopped mid-check, after allreduce_world"]
 
 
+def test_when_a_node_dies_mid_check_the_ranks_killed_after_it_are_not_blamed():
+    """srun ends every rank when one dies: the others stop later (they were waiting in a collective)."""
+    reports = {rank: report(rank, f"node{rank // 2 + 1}", done=False, matmul=10.0, storage=100.0, allreduce_node=1.0)
+               for rank in range(4)}
+    for rank in (2, 3):  # node2 died during the all-reduce within the node
+        del reports[rank]["measures"]["allreduce_node"]
+    verdict = preflight.assess("e", reports, 4, 2, threshold=10)
+    assert verdict.flagged == ["node2"]
+    assert verdict.nodes[1].reasons == ["rank 2 stopped mid-check, after storage", "rank 3 stopped mid-check, after storage"]
+    # every rank stopped at the same point: none got further, so no one is blamed by that rule
+    assert preflight.assess("e", {r: report(r, "n", done=False, matmul=1.0) for r in range(2)}, 2, 2, 10).flagged == []
+
+
 def test_a_node_pair_is_judged_by_its_best_round_so_only_the_node_slow_in_every_round_is_flagged():
     # rounds (1,2),(3,4) then (2,3),(4,1): node3's link is slow, so (3,4) and (2,3) are slow
     pair = {1: (4.0, 4.0), 2: (4.0, 1.0), 3: (1.0, 1.0), 4: (1.0, 4.0)}
