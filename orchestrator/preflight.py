@@ -19,6 +19,7 @@ pairwise figure is its best round.
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import subprocess
 from dataclasses import asdict, dataclass, field
@@ -194,12 +195,34 @@ def run(cluster, threshold: float, say) -> tuple[Experiment, Verdict]:
                          f"{exp.log_file(0)} (`bertctl logs {exp.id}`)")
     verdict = assess(exp.id, reports, world, per_node, threshold, allocated_nodes(exp))
     verdict.excluded = config.slurm.exclude if config.executor == "slurm" else None
+    if final.state.value != "COMPLETED":
+        blame_first_failure(verdict, exp.log_file(0))
     write_json(exp.path / "preflight.json", verdict.as_json() | {"job_state": final.state.value,
                                                                  "ranks": [reports[r] for r in sorted(reports)]})
     if final.state.value != "COMPLETED" and not verdict.flagged:
         raise WorkFailed(f"preflight {exp.id} ended {final.state.value} and no node is to blame by its figures: see "
                          f"{exp.log_file(0)} (`bertctl logs {exp.id}`)")
     return exp, verdict
+
+
+SRUN_TASK_ERROR = re.compile(r"^srun: error: (\S+): tasks? ([\d,-]+): (.+)$")
+
+
+def blame_first_failure(verdict: Verdict, log: Path) -> None:
+    """The node whose tasks srun saw end first (`srun: error: node7: tasks 8-15: Killed`): with
+    --kill-on-bad-exit srun then ends every other rank, which all stop where they were waiting for it,
+    so their reports alone cannot say who died."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return
+    first = next((m for m in map(SRUN_TASK_ERROR.match, lines) if m), None)
+    if first is None:
+        return
+    node, tasks, how = first.groups()
+    for n in verdict.nodes:
+        if n.node == node:
+            n.reasons.append(f"its task(s) {tasks} ended first ({how.strip()}, says srun): the node or its ranks died mid-check")
 
 
 def allocated_nodes(exp: Experiment) -> list[str]:

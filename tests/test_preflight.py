@@ -79,6 +79,17 @@ def test_when_a_node_dies_mid_check_the_ranks_killed_after_it_are_not_blamed():
     assert preflight.assess("e", {r: report(r, "n", done=False, matmul=1.0) for r in range(2)}, 2, 2, 10).flagged == []
 
 
+def test_the_node_whose_tasks_srun_saw_end_first_is_blamed(tmp_path):
+    log = tmp_path / "run_0.log"
+    log.write_text("0: BERTCTL_PREFLIGHT {}\nsrun: error: node2: tasks 2-3: Killed\n"
+                   "srun: launch/slurm: _step_signal: Terminating StepId=77.1\nsrun: error: node1: tasks 0-1: Terminated\n")
+    verdict = preflight.assess("e", {r: report(r, f"node{r // 2 + 1}", done=False, matmul=1.0) for r in range(4)}, 4, 2, 10)
+    assert verdict.flagged == []  # every rank stopped at the same point
+    preflight.blame_first_failure(verdict, log)
+    assert verdict.flagged == ["node2"]
+    assert verdict.nodes[1].reasons == ["its task(s) 2-3 ended first (Killed, says srun): the node or its ranks died mid-check"]
+
+
 def test_a_node_pair_is_judged_by_its_best_round_so_only_the_node_slow_in_every_round_is_flagged():
     # rounds (1,2),(3,4) then (2,3),(4,1): node3's link is slow, so (3,4) and (2,3) are slow
     pair = {1: (4.0, 4.0), 2: (4.0, 1.0), 3: (1.0, 1.0), 4: (1.0, 4.0)}

@@ -128,6 +128,7 @@ def preflight(shards: Path, tag: str | None = None) -> tuple[int, dict, str]:
     result = run_bertctl("preflight", "--cluster", "ci_slurm", *overrides(shards), "--threshold", THRESHOLD, "--json",
                          env=env, timeout=600)
     assert result.code in (0, 1), result.err
+    assert result.out, result.err
     return result.code, json.loads(result.out), result.err
 
 
@@ -176,3 +177,37 @@ def test_a_read_limit_on_one_node_flags_its_storage_measure(shards):
     node1 = {n["node"]: n for n in verdict["nodes"]}["node1"]
     assert [r.split(":")[0] for r in node1["reasons"]] == ["read of the rank's shards"], node1["reasons"]
     assert node1["measures"]["storage"]["value"] < 4.5  # MB/s: the limit, give or take a window's edge
+
+
+def test_a_node_that_dies_mid_check_is_named_and_the_other_is_not(shards, bertctl_home):
+    """node2's ranks are killed (SIGKILL) once they have measured their shard reads: srun then ends
+    node1's ranks too, later; the verdict blames node2 only."""
+    tag, killed = uuid.uuid4().hex, set()
+    stop = threading.Event()
+
+    def kill_node2_after_storage():
+        marks = (f"BERTCTL_TEST_TAG={tag}".encode(), b"SLURMD_NODENAME=node2")
+        while not stop.is_set():
+            reports = list(bertctl_home.glob("experiments/*/preflight/rank_2.json"))
+            if reports and "storage" in reports[0].read_text():
+                for entry in Path("/proc").iterdir():
+                    try:
+                        if entry.name.isdigit() and all(m in (entry / "environ").read_bytes().split(b"\0") for m in marks) \
+                                and b"trainer.launch.preflight" in (entry / "cmdline").read_bytes():
+                            os.kill(int(entry.name), 9)
+                            killed.add(int(entry.name))
+                    except OSError:
+                        pass
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=kill_node2_after_storage, daemon=True)
+    watcher.start()
+    try:
+        code, verdict, err = preflight(shards, tag)
+    finally:
+        stop.set()
+        watcher.join()
+    assert killed
+    assert (code, verdict["flagged"]) == (1, ["node2"]), reasons(verdict)
+    node2 = reasons(verdict)["node2"]
+    assert any("ended first (Killed, says srun)" in r for r in node2), node2
