@@ -16,6 +16,6 @@ COPY trainer ./trainer
 COPY templates ./templates
 COPY clusters ./clusters
 COPY datasets ./datasets
-RUN pip install --no-cache-dir . && python -m trainer.image_check
+RUN pip install --no-cache-dir . && python -m trainer.launch.image_check
 
 WORKDIR /workspace/bert

@@ -309,6 +309,21 @@ def cmd_balance(argv: list[str]) -> int:
     return subprocess.call([sys.executable, "-m", "trainer.simulate_balance", *argv])
 
 
+def cmd_preflight(args: argparse.Namespace) -> int:
+    from orchestrator import preflight
+    from orchestrator.clusters import load_cluster
+
+    preflight.check_threshold(args.threshold)  # before anything is submitted
+    cluster = load_cluster(args.cluster, args.override)
+    exp, verdict = preflight.run(cluster, args.threshold, say_line)
+    if args.json:
+        print(json.dumps(verdict.as_json(), indent=2))
+    else:
+        preflight.print_tables(verdict, console(sys.stdout))
+    say_line(f"figures: {exp.path / 'preflight.json'}")
+    return 1 if verdict.flagged else 0
+
+
 class OneLineParser(argparse.ArgumentParser):
     """argparse, but a usage mistake is one line naming the verb's --help, like every other bad input."""
 
@@ -404,6 +419,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="an MLPerf result tree or a folder of result_*.txt (repeatable; overlaid with any experiments)")
     p.add_argument("--out", metavar="PNG", help="where to write the PNG (default: convergence.png in the experiment; "
                    "for an overlay or --results, convergence_<names>.png here)")
+    p = verb("preflight", cmd_preflight, "measure every node before a run (matmul, memory copy, all-reduce busbw "
+             "within nodes, across all and between node pairs, shard reads, training steps) and flag the slow ones")
+    p.add_argument("--cluster", required=True,
+                   help="a cluster name (see `bertctl clusters`) or a YAML file").completer = complete_clusters
+    p.add_argument("-o", dest="override", action="append", default=[], metavar="KEY.PATH=VALUE",
+                   help="override one value of the cluster file (repeatable)").completer = complete_keys
+    p.add_argument("--threshold", type=float, default=10.0, metavar="N",
+                   help="flag a node N %% or more below the median node on any measure (default 10)")
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout instead of the tables")
     add_data_verbs(verb)
     # listed here for --help; main() hands its arguments to the simulator untouched
     verbs.add_parser("balance", help="simulate load balance across ranks on the real length histogram: "

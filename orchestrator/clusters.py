@@ -92,6 +92,8 @@ class SlurmConfig(Section):
     time_limit: SlurmText = "01:00:00"
     exclusive: bool = True
     mem: Optional[SlurmText] = "0"
+    # nodes the job must not get (sbatch --exclude), e.g. the ones `bertctl preflight` flagged
+    exclude: Optional[OneLine] = None
     extra_sbatch: list[OneLine] = []
     # seconds before the time limit at which ranks get SIGUSR2 to checkpoint (sbatch --signal=USR2@N)
     signal_seconds: int = Field(90, ge=0)

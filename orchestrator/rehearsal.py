@@ -1,7 +1,7 @@
 """`bertctl rehearsal EXP`: the verdict on a launch-path probe (`bertctl submit --probe`).
 
 Every rank of every run reported, as one `BERTCTL_PROBE {json}` line in the run's log, what the
-trainer would use there (trainer/probe.py). This module checks those reports against the cluster
+trainer would use there (trainer/launch/probe.py). This module checks those reports against the cluster
 file: each rank once, the node and GPU layout, disjoint CPU sets, one rendezvous, every shard read
 once, exchange groups inside nodes, the container's options, distinct seeds. A broken check names
 the key of the cluster file to look at.
@@ -20,7 +20,7 @@ from orchestrator.executors import batch_outputs
 from orchestrator.experiments import Experiment
 from orchestrator.scheduler import State
 from trainer.config.regular import read_regular_text
-from trainer.topology import parse_cpu_list
+from trainer.launch.topology import parse_cpu_list
 
 PROBE_LINE = re.compile(r"^(?:\s*\d+: )?BERTCTL_PROBE (\{.*\})\s*$")
 PYXIS_ERROR = re.compile(r"pyxis: --container-(image|name|mounts|workdir)")

@@ -25,7 +25,9 @@ from orchestrator import __version__, resources
 from orchestrator.clusters import ClusterConfig, LoadedCluster, SlurmConfig
 from trainer.config import REQUEUE_EXIT_CODE
 
-Program = Literal["train", "probe"]
+Program = Literal["train", "probe", "preflight"]
+# what each rank runs: the trainer, the launch probe, or the preflight measures (`bertctl preflight`)
+RANK_MODULES = {"train": "trainer", "probe": "trainer.launch.probe", "preflight": "trainer.launch.preflight"}
 
 
 @dataclass(frozen=True)
@@ -116,7 +118,7 @@ def sbatch_options(c: ClusterConfig, nexp: int) -> list[str]:
 def where_and_how_long(s: SlurmConfig) -> list[tuple[str, object]]:
     """The options every job of a cluster shares, training and data-preparation arrays alike: a new
     key of this kind (a reservation, a QOS) added here reaches both."""
-    return [("partition", s.partition), ("account", s.account), ("time", s.time_limit)]
+    return [("partition", s.partition), ("account", s.account), ("time", s.time_limit), ("exclude", s.exclude)]
 
 
 def sbatch_lines(options: list[tuple[str, object]], extra: list[str] = ()) -> list[str]:
@@ -134,12 +136,12 @@ def sbatch_lines(options: list[tuple[str, object]], extra: list[str] = ()) -> li
 
 
 def task_command(c: ClusterConfig, program: Program) -> str:
-    """The per-rank command line: optional binding wrapper, then the trainer (or the probe)."""
-    target = ["-m", "trainer.probe" if program == "probe" else "trainer", *TRAINER_ARGS]
+    """The per-rank command line: optional binding wrapper, then the trainer (or the probe, or the preflight)."""
+    target = ["-m", RANK_MODULES[program], *TRAINER_ARGS]
     b = c.node.binding
     binding = []
     if (b.cpu, b.mem, b.ib) != ("none", "none", "none"):
-        binding = ['"$PYTHON"', "-m", "trainer.binding", "--cpu", b.cpu, "--mem", b.mem, "--ib", b.ib]
+        binding = ['"$PYTHON"', "-m", "trainer.launch.binding", "--cpu", b.cpu, "--mem", b.mem, "--ib", b.ib]
         if b.ib_devices:
             binding += ["--ib-devices", shlex.quote(",".join(b.ib_devices))]
         binding += ["--tasks-per-node", str(c.resources.tasks_per_node), "--"]
@@ -150,7 +152,7 @@ def local_command(c: ClusterConfig, program: Program) -> str:
     """On this machine several ranks start through torchrun, which sets RANK/WORLD_SIZE for them."""
     if c.resources.tasks_per_node == 1:
         return task_command(c, program)
-    target = ["-m", "trainer.probe" if program == "probe" else "trainer", *TRAINER_ARGS]
+    target = ["-m", RANK_MODULES[program], *TRAINER_ARGS]
     launcher = ['"$PYTHON"', "-m", "torch.distributed.run", "--standalone",
                 f"--nproc-per-node={c.resources.tasks_per_node}"]
     return " ".join(launcher + target)
@@ -165,7 +167,10 @@ TRAINER_ARGS = [
 
 
 def submit_command(req: RenderRequest) -> str:
-    words = ["bertctl", "submit", "--cluster", req.config.name, "--nexp", str(req.nexp)]
+    if req.program == "preflight":
+        words = ["bertctl", "preflight", "--cluster", req.config.name]
+    else:
+        words = ["bertctl", "submit", "--cluster", req.config.name, "--nexp", str(req.nexp)]
     if req.program == "probe":
         words.append("--probe")
     for item in req.cluster.overrides:

@@ -7,6 +7,7 @@ Progress and the last eval accuracy come from the run's MLPerf log.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import time
@@ -19,7 +20,7 @@ from orchestrator.executors import batch_outputs
 from orchestrator.experiments import Experiment
 from orchestrator.scheduler import JobInfo, State
 from trainer.config import REQUEUE_EXIT_CODE
-from trainer.config.regular import read_regular_text
+from trainer.config.regular import open_regular, read_regular_text
 
 ERROR_LINE = re.compile(r"(?i)(error|exception|traceback|no such file|not found|killed|denied|unbound variable)")
 SRUN_PREFIX = re.compile(r"^\s*\d+: ")
@@ -42,6 +43,7 @@ class RunView:
     target: float | None = None
     outcome: str | None = None  # the MLPerf run_stop status: success | aborted
     error: str | None = None
+    straggler: dict | None = None  # the last progress line's: the rank whose compute holds the others back
 
 
 @dataclass
@@ -174,7 +176,25 @@ def add_progress(rv: RunView, exp: Experiment) -> str | None:
     train = run.get("train") if isinstance(run.get("train"), dict) else {}
     rv.target = _number(train.get("target_accuracy"), float)
     rv.max_samples = _number(train.get("max_samples_termination"), int)
+    rv.straggler = last_straggler(exp.path / "metrics" / f"run_{rv.run}.jsonl")
     return f"damaged log: {path.name} {summary.problem}" if summary.problem else None
+
+
+def last_straggler(metrics: Path) -> dict | None:
+    """The straggler the run's last progress line names (trainer/stragglers.py), if any: only the file's tail is read."""
+    try:
+        with open_regular(metrics, "rb") as f:
+            f.seek(max(f.seek(0, 2) - 2**20, 0))
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue  # a line being written, or the cut first one
+        return record.get("straggler") if isinstance(record, dict) else None
+    return None
 
 
 def last_error(exp: Experiment, run: int, job: JobInfo) -> str | None:
@@ -242,11 +262,19 @@ def print_table(views: list[ExperimentView], console, damaged=()) -> None:
         for r in v.runs:
             table.add_row(
                 v.id if r.run == 0 else "", str(r.run), _styled(r.state), r.job_id, _dash(r.nodes),
-                _duration(r.elapsed_s), str(r.seed), _samples(r), _accuracy(r), escape(r.error or r.outcome or ""),
+                _duration(r.elapsed_s), str(r.seed), _samples(r), _accuracy(r), escape(r.error or r.outcome or _straggler(r)),
             )
     for d in damaged:
         table.add_row(escape(d.id), "-", "[red]DAMAGED[/red]", "-", "-", "-", "-", "-", "-", escape(d.reason))
     console.print(table)
+
+
+def _straggler(r: RunView) -> str:
+    s = r.straggler
+    try:  # the metrics file is the run's own, but a damaged one must not take `status` down
+        return f"straggler: rank {int(s['rank'])} on {s['node']} (+{100 * float(s['over_median']):.0f} % compute)"
+    except (TypeError, KeyError, ValueError):
+        return ""
 
 
 def _styled(state: State) -> str:

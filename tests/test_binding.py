@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from fake_node import GPUS, IB_DEVICES, dgx_a100, gpu_uuid
 
-from trainer.binding import Policy, describe, plan_rank
-from trainer.dist_env import binding_plan
-from trainer.topology import format_cpu_list, parse_cpu_list, read_topology
+from trainer.launch.binding import Policy, describe, plan_rank
+from trainer.launch.dist_env import binding_plan
+from trainer.launch.topology import format_cpu_list, parse_cpu_list, read_topology
 
 ALL_CPUS = set(range(256))
 EXCLUSIVE = Policy(cpu="exclusive", mem="node", ib="single", ib_devices=IB_DEVICES)
@@ -232,7 +232,7 @@ def test_wrapper_prints_one_reason_line_and_passes_its_plan_to_the_command():
     show = ("import json, os; "
             "print(json.dumps([json.loads(os.environ['BERTCTL_BINDING']), os.environ['UCX_NET_DEVICES']]))")
     proc = subprocess.run(
-        [sys.executable, "-m", "trainer.binding", "--ib", "single", "--ib-devices", ",".join(IB_DEVICES),
+        [sys.executable, "-m", "trainer.launch.binding", "--ib", "single", "--ib-devices", ",".join(IB_DEVICES),
          "--tasks-per-node", "8", "--", sys.executable, "-c", show],
         env=env, capture_output=True, text=True, check=True,
     )
@@ -248,7 +248,7 @@ def test_wrapper_prints_one_reason_line_and_passes_its_plan_to_the_command():
 ])
 def test_wrapper_mistakes_are_one_line_and_exit_2(rank, args, message):
     env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "4"}
-    proc = subprocess.run([sys.executable, "-m", "trainer.binding", *args, "--", "true"],
+    proc = subprocess.run([sys.executable, "-m", "trainer.launch.binding", *args, "--", "true"],
                           env=env, capture_output=True, text=True)
     assert (proc.returncode, proc.stderr) == (2, f"error: binding rank {rank}: {message}\n")
 

@@ -1,4 +1,4 @@
-"""The launch probe's two halves, without Slurm (trainer/probe.py): the run's plan, computed once by the
+"""The launch probe's two halves, without Slurm (trainer/launch/probe.py): the run's plan, computed once by the
 trainer's code, gives every rank exactly the shards its training streams would read; each rank's
 light report takes its entry and names what its node cannot see. The whole path on a real Slurm
 is tests/test_rehearsal.py."""
@@ -8,7 +8,7 @@ import json
 import pytest
 from synthetic import tiny_run_config, train_data
 
-from trainer import probe
+from trainer.launch import probe
 
 WORLD, STREAMS, SEED = 4, 8, 5
 

@@ -65,7 +65,7 @@ def test_samsung_dry_run_shows_the_allocation_container_and_recipe():
                  "--container-workdir=/workspace/bert", "/data/bert_v1.0/partial_data/4bin:/workspace/data_phase2",
                  "lr: 0.00039299421615882676", "- 0.8003575444254268", "lr_max_steps: 179", "warmup_steps: 82",
                  "start_warmup_step: -16", "epsilon: 1.0e-09", "global_batch_size: 16384", "exchange_padding: group",
-                 "clip: bucket", "trainer.binding --cpu exclusive --mem node", "export NCCL_IB_HCA=mlx5_1,mlx5_0,mlx5_5,mlx5_2",
+                 "clip: bucket", "trainer.launch.binding --cpu exclusive --mem node", "export NCCL_IB_HCA=mlx5_1,mlx5_0,mlx5_5,mlx5_2",
                  "trainer.mlperf cache-clear", "vm.drop_caches=3"]:
         assert line in script, line
 

@@ -1,6 +1,6 @@
 """bertctl's data plane: what every rank runs (BERT model, data, optimizers, distributed training,
 evaluation, MLPerf logging, checkpoints, data preparation).
 
-Importing the package imports nothing heavy: `trainer.config`, `trainer.mlperf`, `trainer.probe`,
-`trainer.binding` and `trainer.dist_env` stay torch-free for the launcher and the login node.
+Importing the package imports nothing heavy: `trainer.config`, `trainer.mlperf`, `trainer.launch.probe`,
+`trainer.launch.binding` and `trainer.launch.dist_env` stay torch-free for the launcher and the login node.
 """

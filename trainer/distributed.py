@@ -12,7 +12,7 @@ import torch.distributed as dist
 from trainer.apex_kernels import apex_missing
 from trainer.attention import AttentionUnavailable, check_attention
 from trainer.config import RunConfig, RuntimeConfig
-from trainer.dist_env import DistEnv, detect
+from trainer.launch.dist_env import DistEnv, detect
 
 _group_created = False  # set once this process has joined a process group (see exit_process)
 
@@ -32,8 +32,9 @@ def init(cfg: RunConfig) -> tuple[DistEnv, torch.device]:
         )
     device = _device(cfg, env)
     check_kernels(cfg.runtime, device)
-    # bucket-wise clipping lives in a DDP hook, so even a single rank gets a (one-member) group
-    if env.world_size > 1 or cfg.optim.clip == "bucket":
+    # bucket-wise clipping lives in a DDP hook, so even a single rank gets a (one-member) group;
+    # a process that joined it already (the preflight, before its training steps) keeps it
+    if (env.world_size > 1 or cfg.optim.clip == "bucket") and not initialized():
         kwargs = {}
         if cfg.runtime.backend == "nccl":
             kwargs["device_id"] = device

@@ -41,6 +41,7 @@ from trainer.mlperf import RunLogger
 from trainer.model import BertForPreTraining
 from trainer.optim import build_optimizer, learning_rate, loss_scale, set_learning_rate, take_step
 from trainer.progress import Stopwatch, Tally, append_json_line, global_sums, progress_line, progress_record, synchronize
+from trainer.stragglers import ComputeClock, describe
 from trainer.weights import WeightsError, load_pretrained_file, tf_variable_names
 
 USER_ERRORS = (distributed.LaunchError, DataError, ShardError, WeightsError, PathError, OutputError)
@@ -91,6 +92,7 @@ class Trainer:
         self.metrics = (out / "metrics" / f"run_{args.run_index}.jsonl") if self.rank0 else None
         self.saved = RunCheckpoint(self.checkpoints, self.model, self.optimizer, self.scaler, self.data,
                                    {"seed": self.seed, "run_index": args.run_index})
+        self.clock = ComputeClock(self.device, self.env.node, self.env.world_size)  # who holds the others back
         self.state, self.resumed = self.resume()
         self.counts = Counts(self.state, most_sequences_per_step(cfg))
 
@@ -126,6 +128,7 @@ class Trainer:
             self.mllog.run_start()
             self.mllog.block_start(0, self.state.next_eval)
         synchronize(self.device)  # the warm-up's queued GPU work is not the first block's or window's
+        self.clock.take()
         self.block_clock = time.perf_counter()  # throughput of each block, for tracked_stats
         self.stopwatch = Stopwatch()  # the progress lines' rates
         if self.evaluator:
@@ -172,7 +175,8 @@ class Trainer:
         inside `context`: whether DDP reduces in this backward (GradientSync.micro_step_context)."""
         with context:
             with self.autocast():
-                mlm, nsp = (self.ddp or self.model)(batch, loss_sums=True)
+                with self.clock.forward():
+                    mlm, nsp = (self.ddp or self.model)(batch, loss_sums=True)
             loss = mlm * mlm_weight + nsp * nsp_weight
             (self.scaler.scale(loss) if self.scaler else loss).backward()
         return mlm, nsp
@@ -247,11 +251,15 @@ class Trainer:
         for step in window:
             total += step.tally
         sums, last = global_sums(total, window[-1].tally)  # waits for the device: the window's work is done
+        seconds = self.stopwatch.lap()
         record = progress_record(self.state.updates, self.state.samples, self.state.skipped, window[-1].lr,
-                                 self.stopwatch.lap(), sums, last, self.device, self.cfg.model, self.cfg.world_size)
+                                 seconds, sums, last, self.device, self.cfg.model, self.cfg.world_size)
+        record.update(self.clock.report(seconds))  # every rank's compute and wait (one all-gather)
         if self.metrics:
             append_json_line(self.metrics, record)
         self.say(progress_line(record))
+        if "straggler" in record:
+            self.say(describe(record["straggler"]))
 
     def warm_up(self) -> None:
         """Forward/backward passes on a maximum-length batch through the real collectives (exchange,

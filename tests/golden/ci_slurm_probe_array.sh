@@ -123,12 +123,12 @@ BERTCTL_RUN_YAML_392e08a5baa3c045
 DROP_CACHES='sync && if [ "$(id -u)" -eq 0 ]; then /sbin/sysctl -q vm.drop_caches=3; else sudo -n /sbin/sysctl -q vm.drop_caches=3; fi'
 
 # ---- the per-rank launch
-cat > "$EXP_DIR/task.sh" <<'BERTCTL_TASK_359bd9d864a1272f'
+cat > "$EXP_DIR/task.sh" <<'BERTCTL_TASK_aac3a7d0e64ceacd'
 #!/bin/bash
 # One rank: the probe. Rank and world come from Slurm's or torchrun's variables.
 set -euo pipefail
-exec "$PYTHON" -u -m trainer.probe --config "$EXP_DIR/run.yaml" --out "$EXP_DIR" --run-index "$BERTCTL_RUN_INDEX" --seed "$BERTCTL_SEED"
-BERTCTL_TASK_359bd9d864a1272f
+exec "$PYTHON" -u -m trainer.launch.probe --config "$EXP_DIR/run.yaml" --out "$EXP_DIR" --run-index "$BERTCTL_RUN_INDEX" --seed "$BERTCTL_SEED"
+BERTCTL_TASK_aac3a7d0e64ceacd
 
 CONTAINER=()
 
@@ -140,7 +140,7 @@ launch_ranks() {  # run $1 with seed $2: every rank of the allocation
   export MASTER_PORT=$((20000 + SLURM_JOB_ID % 2000 * 16 + $1 % 16))
   export BERTCTL_RUN_INDEX=$1 BERTCTL_SEED=$2
   # the run's plan, once: every rank's shards and exchange group, by the trainer's own code
-  srun --ntasks=1 --nodes=1 "${CONTAINER[@]}" "$PYTHON" -m trainer.probe --plan "$NTASKS" --config "$EXP_DIR/run.yaml" --out "$EXP_DIR" --run-index "$BERTCTL_RUN_INDEX" --seed "$BERTCTL_SEED" || return 1
+  srun --ntasks=1 --nodes=1 "${CONTAINER[@]}" "$PYTHON" -m trainer.launch.probe --plan "$NTASKS" --config "$EXP_DIR/run.yaml" --out "$EXP_DIR" --run-index "$BERTCTL_RUN_INDEX" --seed "$BERTCTL_SEED" || return 1
   srun -l --kill-on-bad-exit=1 --distribution=block \
     --ntasks="$NTASKS" --ntasks-per-node=2 "${CONTAINER[@]}" \
     bash "$EXP_DIR/task.sh"

@@ -124,12 +124,12 @@ BERTCTL_RUN_YAML_5dda9c36ab09b8f2
 DROP_CACHES='sync && if [ "$(id -u)" -eq 0 ]; then /sbin/sysctl -q vm.drop_caches=3; else sudo -n /sbin/sysctl -q vm.drop_caches=3; fi'
 
 # ---- the per-rank launch
-cat > "$EXP_DIR/task.sh" <<'BERTCTL_TASK_5189f4adf476016d'
+cat > "$EXP_DIR/task.sh" <<'BERTCTL_TASK_9776202aa85dcf54'
 #!/bin/bash
 # One rank: CPU/memory/IB binding, then the trainer. Rank and world come from Slurm's or torchrun's variables.
 set -euo pipefail
-exec "$PYTHON" -m trainer.binding --cpu exclusive --mem node --ib single --ib-devices mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_6,mlx5_7,mlx5_8,mlx5_9 --tasks-per-node 8 -- "$PYTHON" -u -m trainer --config "$EXP_DIR/run.yaml" --out "$EXP_DIR" --run-index "$BERTCTL_RUN_INDEX" --seed "$BERTCTL_SEED"
-BERTCTL_TASK_5189f4adf476016d
+exec "$PYTHON" -m trainer.launch.binding --cpu exclusive --mem node --ib single --ib-devices mlx5_0,mlx5_1,mlx5_2,mlx5_3,mlx5_6,mlx5_7,mlx5_8,mlx5_9 --tasks-per-node 8 -- "$PYTHON" -u -m trainer --config "$EXP_DIR/run.yaml" --out "$EXP_DIR" --run-index "$BERTCTL_RUN_INDEX" --seed "$BERTCTL_SEED"
+BERTCTL_TASK_9776202aa85dcf54
 
 # ---- container (pyxis/enroot): created once per node, reused by name by every later step
 IMAGE=mlperf-nvidia:language_model

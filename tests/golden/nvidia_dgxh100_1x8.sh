@@ -123,12 +123,12 @@ BERTCTL_RUN_YAML_ced9e134de95df04
 DROP_CACHES='sync && if [ "$(id -u)" -eq 0 ]; then /sbin/sysctl -q vm.drop_caches=3; else sudo -n /sbin/sysctl -q vm.drop_caches=3; fi'
 
 # ---- the per-rank launch
-cat > "$EXP_DIR/task.sh" <<'BERTCTL_TASK_794363435f09893e'
+cat > "$EXP_DIR/task.sh" <<'BERTCTL_TASK_b819e2e2362d7df0'
 #!/bin/bash
 # One rank: CPU/memory/IB binding, then the trainer. Rank and world come from Slurm's or torchrun's variables.
 set -euo pipefail
-exec "$PYTHON" -m trainer.binding --cpu exclusive --mem node --ib none --tasks-per-node 8 -- "$PYTHON" -u -m trainer --config "$EXP_DIR/run.yaml" --out "$EXP_DIR" --run-index "$BERTCTL_RUN_INDEX" --seed "$BERTCTL_SEED"
-BERTCTL_TASK_794363435f09893e
+exec "$PYTHON" -m trainer.launch.binding --cpu exclusive --mem node --ib none --tasks-per-node 8 -- "$PYTHON" -u -m trainer --config "$EXP_DIR/run.yaml" --out "$EXP_DIR" --run-index "$BERTCTL_RUN_INDEX" --seed "$BERTCTL_SEED"
+BERTCTL_TASK_b819e2e2362d7df0
 
 # ---- container (pyxis/enroot): created once per node, reused by name by every later step
 IMAGE='nvcr.io#nvidia/pytorch:24.09-py3'
@@ -139,7 +139,7 @@ CONTAINER=(--container-name=language_model --container-mounts="$EXP_DIR:$EXP_DIR
 # same on every node) is checked once for every package bertctl needs (they are listed if some are missing)
 srun --ntasks=1 --nodes=1 "${CONTAINER[@]}" "$PYTHON" -m pip install --quiet --no-deps --no-index --target "$EXP_DIR/site" "$EXP_DIR"/wheels/bertctl-*.whl
 export PYTHONPATH="$EXP_DIR/site${PYTHONPATH:+:$PYTHONPATH}"
-srun --ntasks=1 --nodes=1 "${CONTAINER[@]}" "$PYTHON" -m trainer.image_check
+srun --ntasks=1 --nodes=1 "${CONTAINER[@]}" "$PYTHON" -m trainer.launch.image_check
 
 on_every_node() { srun --ntasks="$SLURM_JOB_NUM_NODES" --ntasks-per-node=1 "$@"; }
 

@@ -1,5 +1,5 @@
 """Who am I in the job? Rank, world size and rendezvous address from torchrun's or Slurm's variables,
-and the CPU/memory/IB binding the wrapper gave this process (trainer/binding.py).
+and the CPU/memory/IB binding the wrapper gave this process (trainer/launch/binding.py).
 
 Torch-free and light (the standard library's small modules only), so that the probe and the binding
 wrapper can use it before the trainer starts: a launch rehearsal starts it 2,048 times on one host.

@@ -1,4 +1,4 @@
-"""`python -m trainer.image_check`: does this Python have everything bertctl needs?
+"""`python -m trainer.launch.image_check`: does this Python have everything bertctl needs?
 
 Run by a job on a stock container image (`container.install: wheel`) after bertctl's wheel was
 installed without its dependencies: it compares the packages bertctl's metadata requires with the

@@ -1,4 +1,4 @@
-"""`python -m trainer.probe`: the launch rehearsal's two halves, without torch.
+"""`python -m trainer.launch.probe`: the launch rehearsal's two halves, without torch.
 
 - Once per run, `--plan WORLD_SIZE`: loads the run's configuration and writes, for every rank, the
   shards it reads in the first epoch and its exchange group (probe/run_N/plan/rank_R.json), with the
@@ -13,7 +13,7 @@ which on 1,024 ranks sharing one test host is minutes. The plan is a pure functi
 configuration, the rank and the world size, so it is computed once; what can differ between nodes
 (the environment Slurm and the binding wrapper give a rank, the mounts it sees) each rank reads
 itself. A rank without a plan file (run by hand) computes its own entry. For the same reason the
-rank half imports only small standard modules and trainer.dist_env: on a 1,024-rank rehearsal each
+rank half imports only small standard modules and trainer.launch.dist_env: on a 1,024-rank rehearsal each
 millisecond of a rank's start is about half a second of the whole.
 
 Submitted with `bertctl submit --probe`; `bertctl rehearsal EXP` (orchestrator/rehearsal.py) checks
@@ -26,7 +26,7 @@ import argparse
 import json
 import os
 
-from trainer.dist_env import binding_plan, detect
+from trainer.launch.dist_env import binding_plan, detect
 
 MARKER = "BERTCTL_PROBE "
 CONTAINER_VARIABLES = ("IMAGE", "NAME", "MOUNTS", "WORKDIR")  # what the pyxis stand-in exports (.ci/pyxis-standin)
@@ -128,7 +128,7 @@ def container_options(env: dict[str, str]) -> dict | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer.probe")
+    parser = argparse.ArgumentParser(prog="python -m trainer.launch.probe")
     parser.add_argument("--config", help="run.yaml: the run whose shards and exchange groups are reported")
     parser.add_argument("--out", help="the experiment folder: plan and reports go to probe/run_N/ there")
     parser.add_argument("--run-index", type=int, default=int(os.environ.get("BERTCTL_RUN_INDEX", "0")))

@@ -1,6 +1,6 @@
-"""`python -m trainer.binding [policy] -- cmd ...`: bind one rank near its GPU, then exec its command.
+"""`python -m trainer.launch.binding [policy] -- cmd ...`: bind one rank near its GPU, then exec its command.
 
-The policies are NVIDIA's bind.sh ones, applied where the rank's GPU sits (trainer/topology.py
+The policies are NVIDIA's bind.sh ones, applied where the rank's GPU sits (trainer/launch/topology.py
 reads that from /sys and the NVIDIA driver's procfs):
 
 - cpu exclusive: the physical cores of the GPU's NUMA node, split into equal contiguous shares among
@@ -31,8 +31,8 @@ from collections import Counter
 from pathlib import Path
 from typing import NamedTuple  # records as NamedTuples: this wrapper starts once per rank (see dist_env)
 
-from trainer.dist_env import BINDING_VARIABLE, detect
-from trainer.topology import (
+from trainer.launch.dist_env import BINDING_VARIABLE, detect
+from trainer.launch.topology import (
     Gpu,
     NoLocality,
     PciPlace,
@@ -215,10 +215,10 @@ def describe(
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if "--" not in args:
-        print("usage: python -m trainer.binding [options] -- command ...", file=sys.stderr)
+        print("usage: python -m trainer.launch.binding [options] -- command ...", file=sys.stderr)
         return 2
     split = args.index("--")
-    parser = argparse.ArgumentParser(prog="python -m trainer.binding")
+    parser = argparse.ArgumentParser(prog="python -m trainer.launch.binding")
     parser.add_argument("--cpu", choices=["none", "exclusive", "exclusive_nosmt", "node"], default="none")
     parser.add_argument("--mem", choices=["none", "node"], default="none")
     parser.add_argument("--ib", choices=["none", "single"], default="none")
