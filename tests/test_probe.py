@@ -27,7 +27,7 @@ def run_yaml(tmp_path, stratified: bool):
     data = touched_shards(tmp_path / "train", stratified)
     balance = {"stratified": stratified, "exchange_padding": "group", "group_size": 2}
     if stratified:
-        balance["bin_quotas"] = [2, 2, 2, 2]  # they add up to the batch (8)
+        balance["bin_quotas"] = [1, 1, 1, 1]  # they fill a stream's batch: 8 x 4 ranks / 8 streams = 4
     return tiny_run_config(tmp_path, world_size=WORLD, data={"train_dir": str(data), "streams": STREAMS},
                            balance=balance), data, balance
 
