@@ -102,7 +102,7 @@ def pack_plan(counts: np.ndarray, capacity: int = 512, max_per_pack: int | None 
     So the work grows with the number of distinct lengths, not of sequences: 16 M sequences' histogram
     packs in well under a second. The idea is Graphcore's (Krell et al., histogram packing with
     strategies, LPFHP); the search for the companions is this module's own. With at most 3 per pack
-    it fills 99.9 % of the tokens of the Wikipedia histogram at 2.0 sequences per pack.
+    it fills 99.80 % of the tokens of the Wikipedia histogram at 1.997 sequences per pack.
     """
     left = np.zeros(capacity + 1, dtype=np.int64)
     left[:len(counts)] = np.asarray(counts, dtype=np.int64)[:capacity + 1]
@@ -124,8 +124,10 @@ def pack_plan(counts: np.ndarray, capacity: int = 512, max_per_pack: int | None 
 def best_companions(left: np.ndarray, room: int, most: int) -> tuple[int, ...]:
     """The lengths of at most `most` sequences (from the counts `left`) that fill `room` the fullest.
 
-    One: the longest that fits. Two: every available length a against the longest b <= min(a, room - a),
-    the best pair taken. More: the longest that fits, then the best of the rest (greedy before the last
+    One: the longest that fits. Two: every available length a against the longest b <= min(a, room - a);
+    of the fullest pairs, the one whose a has the most sequences left (it keeps the lengths in balance:
+    taking the first or the most even of them ran short of short sequences and left the last packs
+    of middle-length ones two to a pack, 99.26 % full). More: the longest that fits, then the best of the rest (greedy before the last
     two), unless a pair alone fills more. Ties go to fewer sequences, which leaves short ones for later."""
     if most < 1 or room < 1:
         return ()
@@ -141,7 +143,8 @@ def best_companions(left: np.ndarray, room: int, most: int) -> tuple[int, ...]:
         alone = (b == a) & (window[a] < 2)  # a pair of one length needs two of them
         b[alone] = longest_up_to[a[alone] - 1]
         fill = np.where(b > 0, a + b, 0)
-        i = len(fill) - 1 - int(np.argmax(fill[::-1]))  # of the fullest pairs, the one with the shortest b
+        fullest = np.flatnonzero(fill == fill.max())
+        i = fullest[np.argmax(window[a[fullest]])]  # of the fullest pairs, the one whose a is most plentiful
         if fill[i] >= single:
             best = (int(a[i]), int(b[i]))
     if most >= 3:

@@ -207,8 +207,8 @@ class PackedStream:
     """Packs of whole sequences (at most `capacity` tokens and `max_per_pack` sequences each) made from
     windows of the inner stream.
 
-    Each window of `window` samples is packed with `pack_sequences` (a window of 16,384 on the
-    Wikipedia length mix: 2.0 sequences and 99.5 % real tokens per pack at up to 3) and its packs are
+    Each window of `window` samples is packed with `pack_sequences` (at up to 3 per pack on the
+    Wikipedia length mix, windows of 65,536: 1.994 sequences and 99.8 % real tokens per pack) and its packs are
     handed out in a seeded order. The next window is read and packed in a background thread while
     this one trains, so the step never waits for packing. The position is the inner stream's
     position at the window's start plus the number of packs already handed out.
