@@ -39,7 +39,7 @@ from trainer.gradients import GradientSync
 from trainer.mlperf import RunLogger
 from trainer.model import BertForPreTraining
 from trainer.optim import build_optimizer, learning_rate, loss_scale, set_learning_rate, take_step
-from trainer.progress import Stopwatch, Tally, append_json_line, global_sums, progress_line, progress_record, synchronize
+from trainer.progress import BatchDrift, Stopwatch, Tally, append_json_line, global_sums, progress_line, progress_record, synchronize
 from trainer.weights import WeightsError, load_pretrained_file, tf_variable_names
 
 USER_ERRORS = (distributed.LaunchError, DataError, ShardError, WeightsError, PathError, OutputError)
@@ -137,6 +137,7 @@ class Trainer:
                                    max_positions=cfg.model.max_position_embeddings) if cfg.data.eval_dir else None
         self.state = LoopState(next_eval=cfg.train.eval_start_samples or cfg.train.eval_interval)
         self.unread = UnreadSamples(most_sequences_per_step(cfg))
+        self.drift = BatchDrift(cfg.train.global_batch_size)
         self.stop = StopSignal()
         self.metrics = (out / "metrics" / f"run_{args.run_index}.jsonl") if self.rank0 else None
         self.resumed = self.resume()
@@ -316,10 +317,13 @@ class Trainer:
             total += step.tally
         sums, last = global_sums(total, window[-1].tally)  # waits for the device: the window's work is done
         record = progress_record(self.state.updates, self.state.samples, self.state.skipped, window[-1].lr,
-                                 self.stopwatch.lap(), sums, last, self.device, self.cfg.model, self.cfg.world_size)
+                                 self.stopwatch.lap(), sums, last, self.device, self.cfg.model, self.cfg.world_size,
+                                 steps=len(window), nominal_batch=self.cfg.train.global_batch_size)
         if self.metrics:
             append_json_line(self.metrics, record)
         self.say(progress_line(record))
+        if warning := self.drift.check(self.state.samples, self.state.updates):
+            self.say(warning)
 
     def warm_up(self) -> None:
         """Forward/backward passes on a maximum-length batch through the real collectives (exchange,
