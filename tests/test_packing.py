@@ -98,3 +98,34 @@ def test_the_packed_stream_opens_each_shard_once_packs_ahead_and_resumes_exactly
         assert packs == want_packs and [s.input_ids.tolist() for s in samples] == [s.input_ids.tolist() for s in want]
     again.close()
     assert all(len(p) <= 3 for _, packs in steps for p in packs)
+
+
+@pytest.mark.parametrize("balance,message", [
+    ({"packing": True, "pack_sequences": 0}, "balance.pack_sequences: Input should be greater than or equal to 1"),
+    ({"packing": True, "pack_sequences": 2, "pack_average": 3}, "balance.pack_average: 3.0 exceeds pack_sequences (2)"),
+    ({"packing": True, "pack_sequences": 3}, "train.global_batch_size: is 16 but ranks x batch_size"),
+])
+def test_bad_packing_keys_are_one_line_and_nothing_trains(tmp_path, capsys, balance, message):
+    from synthetic import tiny_run_config
+
+    from trainer.train import main
+
+    config = tiny_run_config(tmp_path, balance=balance, runtime={"unpad": True}, train={"global_batch_size": 16})
+    assert main(["--config", str(config), "--out", str(tmp_path / "out")]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert message in line and not (tmp_path / "out" / "results").exists()
+
+
+def test_a_pack_smaller_than_the_longest_sequence_stops_before_the_first_step(tmp_path, capsys, monkeypatch):
+    from gloo import free_port
+    from synthetic import tiny_run_config
+
+    from trainer.train import main
+
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    config = tiny_run_config(tmp_path, balance={"packing": True, "pack_sequences": 3, "pack_average": 2, "pack_window": 64},
+                             runtime={"unpad": True}, data={"max_seq_length": 32}, train={"global_batch_size": 16})
+    assert main(["--config", str(config), "--out", str(tmp_path / "out")]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert ".hdf5" in line and "more than max_seq_length 32" in line
+    assert not (tmp_path / "out" / "metrics").exists()  # no step was trained

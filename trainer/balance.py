@@ -7,8 +7,9 @@ trainer/exchange.py) and by the simulator behind `bertctl balance`:
 - stratified quotas (Samsung): every rank's batch takes fixed counts from the 4 length bins;
 - sort and deal (exchange padding): a group's sequences sorted by length and dealt out
   round-robin, or in snake order (odd rounds reversed) so no rank always gets the longest;
-- packing: sequences packed into rows of at most `capacity` tokens (best fit, longest first),
-  then whole packs dealt out, so every rank gets the same number of nearly full rows.
+- packing: sequences packed into rows of at most `capacity` tokens and `max_per_pack` sequences
+  (`pack_plan`: histogram strategies, longest first), then whole packs dealt out, so every rank gets
+  the same number of nearly full rows.
 """
 
 from __future__ import annotations
@@ -97,10 +98,10 @@ def pack_plan(counts: np.ndarray, capacity: int = 512, max_per_pack: int | None 
 
     Longest first: the longest sequence left anchors a pack, and the rest of the pack is the fullest
     choice of at most max_per_pack - 1 sequences left that fits beside it (`best_companions`). Each
-    strategy is repeated for as long as its lengths last, which is what taking the anchors one at a
-    time would do (availability only shrinks, so the fullest choice stays the fullest while it lasts).
-    So the work grows with the number of distinct lengths, not of sequences: 16 M sequences' histogram
-    packs in well under a second. The idea is Graphcore's (Krell et al., histogram packing with
+    strategy is repeated for as long as its lengths last (availability only shrinks, so the fullest
+    choice stays the fullest while it lasts; only the tie-break among equally full ones could have
+    turned earlier), so the work grows with the number of distinct lengths, not of sequences: 16 M
+    sequences' histogram packs in well under a second. The idea is Graphcore's (Krell et al., histogram packing with
     strategies, LPFHP); the search for the companions is this module's own. With at most 3 per pack
     it fills 99.80 % of the tokens of the Wikipedia histogram at 1.997 sequences per pack.
     """
