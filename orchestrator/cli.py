@@ -303,9 +303,16 @@ def stderr_console():
 
 def cmd_balance(argv: list[str]) -> int:
     """The simulator is the trainer's own balancing code, so it runs where that code lives
-    (its options are its own: `bertctl balance --help`)."""
+    (its options are its own: `bertctl balance --help`); `--cluster C` fills them from a cluster file."""
     import subprocess
 
+    from orchestrator.balance import simulator_arguments
+
+    try:
+        argv = simulator_arguments(argv)
+    except UserError as e:
+        say_line(f"bertctl: error: {e}")
+        return 2
     return subprocess.call([sys.executable, "-m", "trainer.simulate_balance", *argv])
 
 
@@ -431,7 +438,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_data_verbs(verb)
     # listed here for --help; main() hands its arguments to the simulator untouched
     verbs.add_parser("balance", help="simulate load balance across ranks on the real length histogram: "
-                     "--ranks N --batch B [--group K] [--strategy S] [--json] [--plot PNG]")
+                     "--ranks N --batch B [--group K] [--strategy S] [--json] [--plot PNG], or --cluster C [-o K=V]")
     return parser
 
 

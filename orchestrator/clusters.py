@@ -89,7 +89,12 @@ class Resources(Section):
 class SlurmConfig(Section):
     partition: Optional[OneLine] = None
     account: Optional[OneLine] = None
+    # the job's limit; with time_per_run, the data-preparation jobs' only, and a training job gets
+    # time_per_run x its runs (NEXP in loop mode, 1 per array element) + time_margin, as NVIDIA's
+    # scripts ask for NEXP x 8 + 5 minutes on a DGX H100
     time_limit: SlurmText = "01:00:00"
+    time_per_run: Optional[OneLine] = None
+    time_margin: OneLine = "00:05:00"
     exclusive: bool = True
     mem: Optional[SlurmText] = "0"
     # nodes the job must not get (sbatch --exclude), e.g. the ones `bertctl preflight` flagged
@@ -103,13 +108,32 @@ class SlurmConfig(Section):
 
     @model_validator(mode="after")
     def _well_formed(self) -> "SlurmConfig":
-        if not time_limit_seconds(self.time_limit):
-            raise ConfigProblem("time_limit", "must be a positive time like [D-]HH:MM:SS or minutes "
-                                              f"(minutes and seconds below 60), got {self.time_limit!r}")
+        for key, least in (("time_limit", 1), ("time_per_run", 1), ("time_margin", 0)):
+            value = getattr(self, key)
+            seconds = None if value is None else time_limit_seconds(value)
+            if value is not None and (seconds is None or seconds < least):
+                raise ConfigProblem(key, f"must be a {'positive' if least else 'non-negative'} time like [D-]HH:MM:SS "
+                                         f"or minutes (minutes and seconds below 60), got {value!r}")
         for flag in self.extra_sbatch:
             if not flag.startswith("--"):
                 raise ConfigProblem("extra_sbatch", f"entries are long options like --network=sharp, got {flag!r}")
         return self
+
+
+def training_time_limit(s: SlurmConfig, nexp: int) -> str:
+    """The training job's --time: time_limit, or with time_per_run the job's runs x time_per_run +
+    time_margin (a loop-mode job runs all NEXP runs; an array element one)."""
+    if s.time_per_run is None:
+        return s.time_limit
+    runs = 1 if s.nexp_mode == "array" else nexp
+    return slurm_time(runs * time_limit_seconds(s.time_per_run) + time_limit_seconds(s.time_margin))
+
+
+def slurm_time(seconds: int) -> str:
+    """Seconds as Slurm's [D-]HH:MM:SS."""
+    days, rest = divmod(seconds, 86400)
+    text = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
+    return f"{days}-{text}" if days else text
 
 
 class Mount(Section):

@@ -22,7 +22,7 @@ from typing import Literal
 import jinja2
 
 from orchestrator import __version__, resources
-from orchestrator.clusters import ClusterConfig, LoadedCluster, SlurmConfig
+from orchestrator.clusters import ClusterConfig, LoadedCluster, SlurmConfig, training_time_limit
 from trainer.config import REQUEUE_EXIT_CODE
 
 Program = Literal["train", "probe", "preflight"]
@@ -102,7 +102,7 @@ def sbatch_options(c: ClusterConfig, nexp: int) -> list[str]:
         ("ntasks-per-node", r.tasks_per_node),
         ("gpus-per-node", r.gpus_per_node or None),
         ("cpus-per-task", r.cpus_per_task),
-        *where_and_how_long(s),
+        *where_and_how_long(s, training_time_limit(s, nexp)),
         ("mem", s.mem),
         # named as submitit's JobPaths names a job's output, so that its `Job.stdout()` reads it
         ("output", "%A_%a_0_log.out" if array else "%j_0_log.out"),
@@ -115,10 +115,11 @@ def sbatch_options(c: ClusterConfig, nexp: int) -> list[str]:
     ], s.extra_sbatch)
 
 
-def where_and_how_long(s: SlurmConfig) -> list[tuple[str, object]]:
+def where_and_how_long(s: SlurmConfig, time: str | None = None) -> list[tuple[str, object]]:
     """The options every job of a cluster shares, training and data-preparation arrays alike: a new
-    key of this kind (a reservation, a QOS) added here reaches both."""
-    return [("partition", s.partition), ("account", s.account), ("time", s.time_limit), ("exclude", s.exclude)]
+    key of this kind (a reservation, a QOS) added here reaches both. `time`: the training job's own
+    limit (`training_time_limit`), else time_limit."""
+    return [("partition", s.partition), ("account", s.account), ("time", time or s.time_limit), ("exclude", s.exclude)]
 
 
 def sbatch_lines(options: list[tuple[str, object]], extra: list[str] = ()) -> list[str]:

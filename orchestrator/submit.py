@@ -19,7 +19,7 @@ import yaml
 
 from orchestrator import experiments, resources
 from orchestrator import render as rendering
-from orchestrator.clusters import LoadedCluster
+from orchestrator.clusters import LoadedCluster, time_limit_seconds, training_time_limit
 from orchestrator.errors import UserError, WorkFailed
 from orchestrator.executors import LocalScriptExecutor, SlurmScriptExecutor, SubmissionRefused
 from orchestrator.experiments import Experiment
@@ -33,6 +33,7 @@ def submit(cluster: LoadedCluster, nexp: int, program: str = "train") -> Experim
     script = rendering.render(cluster, nexp=nexp, program=program)
     if config.executor == "slurm":
         check_slurm_request(cluster)
+        check_time_limit(cluster, nexp)
     name = rendering.script_name(config)
     exp = Experiment(
         id="", cluster=config.name, cluster_source=cluster.source, executor=config.executor, nexp=nexp,
@@ -139,6 +140,26 @@ def check_slurm_request(cluster: LoadedCluster) -> None:
             raise UserError(f"asks for {wanted} nodes but {where} has {available}", where=str(cluster.path), key="resources.nodes")
     elif partition and out.returncode == 0:
         raise UserError(f"Slurm knows no partition '{partition}'", where=str(cluster.path), key="slurm.partition")
+
+
+def check_time_limit(cluster: LoadedCluster, nexp: int) -> None:
+    """The job's time limit (all NEXP runs in loop mode) must fit the partition's MaxTime (sinfo's %l;
+    the default partition, marked *, when the cluster names none)."""
+    s = cluster.config.slurm
+    out = subprocess.run(["sinfo", "-h", "-o", "%P %l"] + (["-p", s.partition] if s.partition else []),
+                         capture_output=True, text=True)
+    if out.returncode:
+        return  # sbatch will say it
+    limits = dict(line.split()[:2] for line in out.stdout.splitlines() if len(line.split()) >= 2)
+    name = s.partition or next((p for p in limits if p.endswith("*")), None)
+    most = limits.get(name) or limits.get(f"{name}*")
+    allowed = time_limit_seconds(most) if most else None  # "infinite", "UNLIMITED": no limit
+    asked = training_time_limit(s, nexp)
+    if allowed is not None and time_limit_seconds(asked) > allowed:
+        how = f"{nexp} run(s) x {s.time_per_run} + {s.time_margin}" if s.time_per_run and s.nexp_mode == "loop" else "its limit"
+        key = "slurm.time_per_run" if s.time_per_run else "slurm.time_limit"
+        raise UserError(f"the job asks for {asked} ({how}) but partition {name.rstrip('*')} allows at most {most}",
+                        where=str(cluster.path), key=key)
 
 
 def check_gpus(cluster: LoadedCluster) -> None:

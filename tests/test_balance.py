@@ -136,3 +136,36 @@ def test_packed_batches_give_the_same_per_sequence_losses_as_unpacked(tmp_path):
         per_sequence.append((mlm_per_seq, nsp_per_seq))
     torch.testing.assert_close(per_sequence[0][0], per_sequence[1][0], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(per_sequence[0][1], per_sequence[1][1], rtol=1e-5, atol=1e-6)
+
+
+def test_the_simulator_honours_snake_false_as_the_trainer_does():
+    """balance.snake: false deals round-robin in the trainer; the simulator used to deal snake always."""
+    _, counts = wikipedia_histogram()
+    snake = simulate("group-exchange", ranks=64, batch=16, group=8, steps=10, seed=4, counts=counts, snake=True)
+    plain = simulate("group-exchange", ranks=64, batch=16, group=8, steps=10, seed=4, counts=counts, snake=False)
+    assert not plain.snake and plain.max_over_mean_tokens > snake.max_over_mean_tokens  # round-robin favours member 0
+    proc = subprocess.run([sys.executable, "-m", "trainer.simulate_balance", "--ranks", "64", "--batch", "16",
+                           "--strategy", "group-exchange", "--steps", "10", "--seed", "4", "--no-snake", "--json"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["snake"] is False and data["max_over_mean_tokens"] == plain.max_over_mean_tokens
+
+
+def test_balance_simulates_a_clusters_own_settings_with_its_packs_and_sequences_per_step():
+    from conftest import run_bertctl
+
+    result = run_bertctl("balance", "--cluster", "nvidia_dgxh100_1x8", "--json", "--steps", "20")
+    assert result.code == 0, result.err
+    data = json.loads(result.out)
+    assert (data["strategy"], data["ranks"], data["batch"], data["group"], data["snake"]) == ("packed", 8, 48, 1, True)
+    assert data["pack_sequences"] == 3 and data["nominal_sequences_per_step"] == 768
+    assert 1.99 <= data["sequences_per_pack"] <= 2.0
+    assert data["sequences_per_step"] == pytest.approx(768, rel=0.01) and data["padding_share"] < 0.005
+    changed = run_bertctl("balance", "--cluster", "nvidia_dgxh100_1x8", "-o", "run.balance.snake=false",
+                          "-o", "run.balance.pack_sequences=2", "--json", "--steps", "20")
+    assert changed.code == 0, changed.err
+    two = json.loads(changed.out)
+    assert two["snake"] is False and two["pack_sequences"] == 2 and two["sequences_per_pack"] < 1.65  # 23 % fill a pack alone
+    unknown = run_bertctl("balance", "--cluster", "nosuch")
+    assert unknown.code == 2 and len(unknown.err.strip().splitlines()) == 1 and "nosuch" in unknown.err

@@ -22,7 +22,8 @@ def test_the_h100_recipe_is_nvidias_config_dgxh100_1x8x48x1_pack(name):
     run = load_cluster(name).config.run
     o, t = run.optim, run.train
     assert (o.name, o.lr, o.betas, o.weight_decay, o.max_steps, o.warmup_steps) == ("lamb", 9.6e-4, (0.60466, 0.85437), 0.1, 3680, 0)
-    assert (t.batch_size, t.global_batch_size, run.balance.packing, run.balance.pack_sequences) == (48, 768, True, 2)
+    b = run.balance
+    assert (t.batch_size, t.global_batch_size, b.packing, b.pack_sequences, b.pack_average) == (48, 768, True, 3, 2)
     assert (t.eval_every_samples, t.eval_start_samples, t.max_samples_termination) == (150_000, 150_000, 4_500_000)
     assert (run.runtime.precision, run.runtime.init_loss_scale, run.world_size) == ("fp16", 1024, 8)
 

@@ -129,3 +129,44 @@ def test_progress_rates_count_data_loading_and_leave_out_evaluations(tmp_path, m
     for record in records:  # 3 steps of 8 sequences per line
         seconds = 24 / record["seq_per_s"]
         assert 30 <= seconds < 90, record
+
+
+def test_batch_drift_warns_once_past_one_percent_and_only_after_the_first_steps():
+    drift = progress.BatchDrift(768)
+    assert drift.check(samples=10 * 700, updates=10) is None  # too early to judge
+    assert drift.check(samples=40 * 762, updates=40) is None  # -0.8 %: within 1 %
+    warning = drift.check(samples=40 * 700, updates=40)
+    assert warning.startswith("warning: the run trains 700.0 sequences per step on average, -8.9% from the nominal "
+                              "global_batch_size 768")
+    assert drift.check(samples=50 * 600, updates=50) is None  # once
+
+
+def test_a_packed_run_reports_actual_beside_nominal_and_warns_when_its_packs_fall_short(tmp_path, monkeypatch, capsys):
+    """Packs of at most 3 that the recipe says average 3: the synthetic lengths let them average less,
+    so the run trains fewer sequences than the global batch it logs, and says so (once)."""
+    from gloo import free_port
+
+    from trainer import distributed
+    from trainer.config import load_run_config
+    from trainer.train import RunArgs, Trainer
+
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    config = tiny_run_config(tmp_path, batch_size=4, balance={"packing": True, "pack_sequences": 3, "pack_average": 3,
+                                                              "pack_window": 64},
+                             runtime={"unpad": True}, optim={"max_steps": 30},
+                             train={"global_batch_size": 12, "log_every_steps": 10, "eval_every_samples": 10**6,
+                                    "target_accuracy": 0.99})
+    trainer = Trainer(load_run_config(str(config)), RunArgs(config=str(config), out=str(tmp_path / "out")))
+    try:
+        assert trainer.run() == 0
+    finally:
+        trainer.close()
+        distributed.close()
+    records = [json.loads(line) for line in (tmp_path / "out" / "metrics" / "run_0.jsonl").read_text().splitlines()]
+    assert [r["update"] for r in records] == [10, 20, 30]
+    for r in records:
+        assert r["nominal_batch"] == 12 and 4 <= r["actual_batch"] < 12 and r["run_batch"] == r["samples"] / r["update"]
+    assert sum(r["actual_batch"] for r in records) * 10 == pytest.approx(records[-1]["samples"])
+    out = capsys.readouterr().out
+    assert f"batch {records[0]['actual_batch']:.1f} of nominal 12" in out
+    assert out.count("warning: the run trains") == 1 and "from the nominal global_batch_size 12" in out

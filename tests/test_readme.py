@@ -113,6 +113,7 @@ RUN_HERE = {
     "bertctl data verify --dataset sample": check_data_verify,
     "bertctl compliance-check --results tests/data/mlperf-results/v1.1/Inspur --json": check_inspur,
     "bertctl balance --ranks 1024 --batch 16 --group 8": check_balance,
+    "bertctl balance --cluster nvidia_dgxh100_1x8": check_balance,
 }
 
 

@@ -194,7 +194,7 @@ def test_packed_steps_read_their_sequence_counts_only_where_a_decision_needs_the
     from trainer.train import RunArgs, Trainer
 
     monkeypatch.setenv("MASTER_PORT", str(free_port()))
-    config = tiny_run_config(tmp_path, balance={"packing": True, "pack_sequences": 2, "pack_window": 64},
+    config = tiny_run_config(tmp_path, balance={"packing": True, "pack_sequences": 2, "pack_average": 2, "pack_window": 64},
                              runtime={"unpad": True}, optim={"max_steps": 30 if limit == "max_steps" else 1000},
                              train={"global_batch_size": 16, "log_every_steps": 1000, "eval_every_samples": 90,
                                     "max_samples_termination": 100_000 if limit == "max_steps" else 301,

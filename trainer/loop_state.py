@@ -94,10 +94,11 @@ class Counts:
 
 
 def most_sequences_per_step(cfg: RunConfig) -> int:
-    """An upper bound on the sequences of one step: the global batch, which with packing counts
-    rows x pack_sequences. Without a pack_sequences limit it counts rows, and a row of
-    max_seq_length tokens holds at most that many sequences: a bound so loose that the loop reads
-    the counts nearly every step (set balance.pack_sequences, as the packed recipes do)."""
-    if cfg.balance.packing and not cfg.balance.pack_sequences:
-        return cfg.train.global_batch_size * cfg.data.max_seq_length
-    return cfg.train.global_batch_size
+    """An upper bound on the sequences of one step: the global batch, or with packing the packs of a step
+    x pack_sequences. Without a pack_sequences limit a row of max_seq_length tokens holds at most that
+    many sequences: a bound so loose that the loop reads the counts nearly every step (set
+    balance.pack_sequences, as the packed recipes do)."""
+    t, b = cfg.train, cfg.balance
+    if not b.packing:
+        return t.global_batch_size
+    return cfg.world_size * t.batch_size * t.gradient_accumulation_steps * (b.pack_sequences or cfg.data.max_seq_length)

@@ -96,9 +96,11 @@ def synchronize(device: torch.device) -> None:
 
 
 def progress_record(update: int, samples: int, skipped: int, lr: float, seconds: float, window: dict, last: dict,
-                    device: torch.device, model: ModelConfig, world_size: int) -> dict:
+                    device: torch.device, model: ModelConfig, world_size: int, steps: int = 1,
+                    nominal_batch: int | None = None) -> dict:
     """One line of metrics/run_N.jsonl: the last step's loss, the window's means and rates over
-    `seconds`, the window's wall-clock training time."""
+    `seconds`, the window's wall-clock training time; with `nominal_batch` (the logged global batch)
+    the sequences actually trained per step, in the window's `steps` and over the run, beside it."""
     mlm, nsp = mean_losses(window)
     last_mlm, last_nsp = mean_losses(last)
     seq_per_s, tok_per_s = window["sequences"] / seconds, window["tokens"] / seconds
@@ -107,6 +109,9 @@ def progress_record(update: int, samples: int, skipped: int, lr: float, seconds:
         "seq_per_s": seq_per_s, "tokens_per_s": tok_per_s, "skipped": skipped, "memory_gb": memory_gb(device),
         "time": time.time(),
     }
+    if nominal_batch is not None:
+        record.update(nominal_batch=nominal_batch, actual_batch=window["sequences"] / steps,
+                      run_batch=samples / update if update else 0.0)
     flops = training_flops(model, window["tokens"], window["squared_lengths"], window["masked"])
     mfu = model_flops_utilization(device, flops / seconds / world_size)
     if mfu is not None:
@@ -116,9 +121,31 @@ def progress_record(update: int, samples: int, skipped: int, lr: float, seconds:
 
 def progress_line(record: dict) -> str:
     mfu = f" | mfu {record['mfu']:.1%}" if "mfu" in record else ""
+    batch = f" | batch {record['actual_batch']:.1f} of nominal {record['nominal_batch']}" if "nominal_batch" in record else ""
     return (f"update {record['update']} | loss {record['loss']:.4f} (mlm {record['mlm_loss']:.4f}, nsp {record['nsp_loss']:.4f}) "
-            f"| lr {record['lr']:.3e} | {record['seq_per_s']:.1f} seq/s {record['tokens_per_s']:,.0f} tok/s "
+            f"| lr {record['lr']:.3e} | {record['seq_per_s']:.1f} seq/s {record['tokens_per_s']:,.0f} tok/s{batch} "
             f"| mem {record['memory_gb']:.2f} GB{mfu}")
+
+
+class BatchDrift:
+    """Warns once when the sequences a run trains per step drift from the nominal global batch (the
+    one its MLPerf log states) by more than `tolerance`: with packing the packs' sequence count
+    varies, and a recipe whose packs average less than it says would train a smaller batch than it
+    logs. Judged on the run's average once it has `settle_steps` updates, past the first steps' noise."""
+
+    def __init__(self, nominal: int, tolerance: float = 0.01, settle_steps: int = 20):
+        self.nominal, self.tolerance, self.settle_steps = nominal, tolerance, settle_steps
+        self.warned = False
+
+    def check(self, samples: int, updates: int) -> str | None:
+        if self.warned or updates < self.settle_steps:
+            return None
+        actual = samples / updates
+        if abs(actual - self.nominal) <= self.tolerance * self.nominal:
+            return None
+        self.warned = True
+        return (f"warning: the run trains {actual:.1f} sequences per step on average, {actual / self.nominal - 1:+.1%} "
+                f"from the nominal global_batch_size {self.nominal} its log states (balance.pack_average)")
 
 
 def append_json_line(path: Path, record: dict) -> None:

@@ -40,7 +40,7 @@ from trainer.loop_state import Counts, LoopState, Step, most_sequences_per_step
 from trainer.mlperf import RunLogger
 from trainer.model import BertForPreTraining
 from trainer.optim import build_optimizer, learning_rate, loss_scale, set_learning_rate, take_step
-from trainer.progress import Stopwatch, Tally, append_json_line, global_sums, progress_line, progress_record, synchronize
+from trainer.progress import BatchDrift, Stopwatch, Tally, append_json_line, global_sums, progress_line, progress_record, synchronize
 from trainer.stragglers import ComputeClock, describe
 from trainer.weights import WeightsError, load_pretrained_file, tf_variable_names
 
@@ -88,6 +88,7 @@ class Trainer:
         self.evaluator = Evaluator(cfg.data, cfg.train.eval_batch_size, self.env.rank, self.env.world_size,
                                    cfg.runtime.unpad, self.device, vocab_size=cfg.model.vocab_size,
                                    max_positions=cfg.model.max_position_embeddings) if cfg.data.eval_dir else None
+        self.drift = BatchDrift(cfg.train.global_batch_size)
         self.stop = StopSignal()
         self.metrics = (out / "metrics" / f"run_{args.run_index}.jsonl") if self.rank0 else None
         self.saved = RunCheckpoint(self.checkpoints, self.model, self.optimizer, self.scaler, self.data,
@@ -253,13 +254,16 @@ class Trainer:
         sums, last = global_sums(total, window[-1].tally)  # waits for the device: the window's work is done
         seconds = self.stopwatch.lap()
         record = progress_record(self.state.updates, self.state.samples, self.state.skipped, window[-1].lr,
-                                 seconds, sums, last, self.device, self.cfg.model, self.cfg.world_size)
+                                 seconds, sums, last, self.device, self.cfg.model, self.cfg.world_size,
+                                 steps=len(window), nominal_batch=self.cfg.train.global_batch_size)
         record.update(self.clock.report(seconds))  # every rank's compute and wait (one all-gather)
         if self.metrics:
             append_json_line(self.metrics, record)
         self.say(progress_line(record))
         if "straggler" in record:
             self.say(describe(record["straggler"]))
+        if warning := self.drift.check(self.state.samples, self.state.updates):
+            self.say(warning)
 
     def warm_up(self) -> None:
         """Forward/backward passes on a maximum-length batch through the real collectives (exchange,

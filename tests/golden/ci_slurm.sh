@@ -32,7 +32,7 @@ export OMP_NUM_THREADS=1
 mkdir -p "$EXP_DIR/results" "$EXP_DIR/logs" "$EXP_DIR/runs"
 
 # ---- the resolved run configuration every rank reads: the whole recipe
-cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_392e08a5baa3c045'
+cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_48f86fb8ec99c26c'
 world_size: 4
 model:
   num_layers: 2
@@ -90,8 +90,9 @@ balance:
   group_size: 2
   snake: true
   packing: false
-  pack_window: 1024
+  pack_window: 16384
   pack_sequences: null
+  pack_average: null
 runtime:
   device: cpu
   backend: gloo
@@ -116,7 +117,7 @@ mlperf:
   platform: 2xCPU
   ruleset: 5.0.0
   legacy_keys: true
-BERTCTL_RUN_YAML_392e08a5baa3c045
+BERTCTL_RUN_YAML_48f86fb8ec99c26c
 
 # Drop the page cache (root, or passwordless sudo for sysctl), as the MLPerf rules ask before each run.
 DROP_CACHES='sync && if [ "$(id -u)" -eq 0 ]; then /sbin/sysctl -q vm.drop_caches=3; else sudo -n /sbin/sysctl -q vm.drop_caches=3; fi'
@@ -134,7 +135,7 @@ step() {
 }
 
 # ---- phase 1, trained once per machine: it writes the checkpoint the runs start from
-cat > "$EXP_DIR/phase1.yaml" <<'BERTCTL_PHASE1_YAML_80aa3470787d904a'
+cat > "$EXP_DIR/phase1.yaml" <<'BERTCTL_PHASE1_YAML_80bd31b6fcd70773'
 world_size: 1
 model:
   num_layers: 2
@@ -192,8 +193,9 @@ balance:
   group_size: 8
   snake: true
   packing: false
-  pack_window: 1024
+  pack_window: 16384
   pack_sequences: null
+  pack_average: null
 runtime:
   device: cpu
   backend: gloo
@@ -218,7 +220,7 @@ mlperf:
   platform: 2xCPU
   ruleset: 5.0.0
   legacy_keys: true
-BERTCTL_PHASE1_YAML_80aa3470787d904a
+BERTCTL_PHASE1_YAML_80bd31b6fcd70773
 
 # ---- the per-rank launch
 cat > "$EXP_DIR/task.sh" <<'BERTCTL_TASK_9868c8e97e870785'

@@ -33,7 +33,7 @@ export OMP_NUM_THREADS=1
 mkdir -p "$EXP_DIR/results" "$EXP_DIR/logs" "$EXP_DIR/runs"
 
 # ---- the resolved run configuration every rank reads: the whole recipe
-cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_392e08a5baa3c045'
+cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_48f86fb8ec99c26c'
 world_size: 4
 model:
   num_layers: 2
@@ -91,8 +91,9 @@ balance:
   group_size: 2
   snake: true
   packing: false
-  pack_window: 1024
+  pack_window: 16384
   pack_sequences: null
+  pack_average: null
 runtime:
   device: cpu
   backend: gloo
@@ -117,7 +118,7 @@ mlperf:
   platform: 2xCPU
   ruleset: 5.0.0
   legacy_keys: true
-BERTCTL_RUN_YAML_392e08a5baa3c045
+BERTCTL_RUN_YAML_48f86fb8ec99c26c
 
 # Drop the page cache (root, or passwordless sudo for sysctl), as the MLPerf rules ask before each run.
 DROP_CACHES='sync && if [ "$(id -u)" -eq 0 ]; then /sbin/sysctl -q vm.drop_caches=3; else sudo -n /sbin/sysctl -q vm.drop_caches=3; fi'

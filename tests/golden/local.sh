@@ -21,7 +21,7 @@ trap 'echo $? > "$EXP_DIR/job.exit"' EXIT
 mkdir -p "$EXP_DIR/results" "$EXP_DIR/logs" "$EXP_DIR/runs"
 
 # ---- the resolved run configuration every rank reads: the whole recipe
-cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_2faa8758c3149bf1'
+cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_8b30e97622348a05'
 world_size: 1
 model:
   num_layers: 2
@@ -79,8 +79,9 @@ balance:
   group_size: 8
   snake: true
   packing: false
-  pack_window: 1024
+  pack_window: 16384
   pack_sequences: null
+  pack_average: null
 runtime:
   device: cpu
   backend: gloo
@@ -105,7 +106,7 @@ mlperf:
   platform: 1xCPU
   ruleset: 5.0.0
   legacy_keys: true
-BERTCTL_RUN_YAML_2faa8758c3149bf1
+BERTCTL_RUN_YAML_8b30e97622348a05
 
 
 # A preparatory step: its output goes to logs/NAME.log, its exit code to runs/NAME.exit.
@@ -121,7 +122,7 @@ step() {
 }
 
 # ---- phase 1, trained once per machine: it writes the checkpoint the runs start from
-cat > "$EXP_DIR/phase1.yaml" <<'BERTCTL_PHASE1_YAML_f76584df70c8abf0'
+cat > "$EXP_DIR/phase1.yaml" <<'BERTCTL_PHASE1_YAML_583f17ad619886d4'
 world_size: 1
 model:
   num_layers: 2
@@ -179,8 +180,9 @@ balance:
   group_size: 8
   snake: true
   packing: false
-  pack_window: 1024
+  pack_window: 16384
   pack_sequences: null
+  pack_average: null
 runtime:
   device: cpu
   backend: gloo
@@ -205,7 +207,7 @@ mlperf:
   platform: 1xCPU
   ruleset: 5.0.0
   legacy_keys: true
-BERTCTL_PHASE1_YAML_f76584df70c8abf0
+BERTCTL_PHASE1_YAML_583f17ad619886d4
 
 # ---- prerequisites, built once per machine (each step returns at once when its result exists)
 step prepare "$PYTHON" -m orchestrator data prepare --dataset sample

@@ -21,7 +21,7 @@ trap 'echo $? > "$EXP_DIR/job.exit"' EXIT
 mkdir -p "$EXP_DIR/results" "$EXP_DIR/logs" "$EXP_DIR/runs"
 
 # ---- the resolved run configuration every rank reads: the whole recipe
-cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_2ae793c9cc627cb8'
+cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_fac948a924a85097'
 world_size: 8
 model:
   num_layers: 24
@@ -79,8 +79,9 @@ balance:
   group_size: 8
   snake: true
   packing: true
-  pack_window: 1024
-  pack_sequences: 2
+  pack_window: 65536
+  pack_sequences: 3
+  pack_average: 2.0
 runtime:
   device: cuda
   backend: nccl
@@ -105,7 +106,7 @@ mlperf:
   platform: 1x8 GPUs (local)
   ruleset: 5.0.0
   legacy_keys: true
-BERTCTL_RUN_YAML_2ae793c9cc627cb8
+BERTCTL_RUN_YAML_fac948a924a85097
 
 
 # ---- how this machine runs one run's ranks (used by run_one below)

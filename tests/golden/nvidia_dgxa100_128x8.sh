@@ -35,7 +35,7 @@ export NCCL_TOPO_FILE=/workspace/bert/dgxa100_nic_affinity.xml
 mkdir -p "$EXP_DIR/results" "$EXP_DIR/logs" "$EXP_DIR/runs"
 
 # ---- the resolved run configuration every rank reads: the whole recipe
-cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_627cb4728d9c8829'
+cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_bca51c6b794941b3'
 world_size: 1024
 model:
   num_layers: 24
@@ -93,8 +93,9 @@ balance:
   group_size: 8
   snake: true
   packing: false
-  pack_window: 1024
+  pack_window: 16384
   pack_sequences: null
+  pack_average: null
 runtime:
   device: cuda
   backend: nccl
@@ -119,7 +120,7 @@ mlperf:
   platform: 128xNVIDIA DGX A100
   ruleset: 5.0.0
   legacy_keys: true
-BERTCTL_RUN_YAML_627cb4728d9c8829
+BERTCTL_RUN_YAML_bca51c6b794941b3
 
 # Drop the page cache (root, or passwordless sudo for sysctl), as the MLPerf rules ask before each run.
 DROP_CACHES='sync && if [ "$(id -u)" -eq 0 ]; then /sbin/sysctl -q vm.drop_caches=3; else sudo -n /sbin/sysctl -q vm.drop_caches=3; fi'

@@ -33,7 +33,7 @@ export NCCL_TOPO_FILE=/workspace/bert/dgxa100_nic_affinity.xml
 mkdir -p "$EXP_DIR/results" "$EXP_DIR/logs" "$EXP_DIR/runs"
 
 # ---- the resolved run configuration every rank reads: the whole recipe
-cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_595eda0902cd4c22'
+cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_5124ae81643497e8'
 world_size: 8
 model:
   num_layers: 24
@@ -91,8 +91,9 @@ balance:
   group_size: 8
   snake: true
   packing: false
-  pack_window: 1024
+  pack_window: 16384
   pack_sequences: null
+  pack_average: null
 runtime:
   device: cuda
   backend: nccl
@@ -117,7 +118,7 @@ mlperf:
   platform: 1xNVIDIA DGX A100
   ruleset: 5.0.0
   legacy_keys: true
-BERTCTL_RUN_YAML_595eda0902cd4c22
+BERTCTL_RUN_YAML_5124ae81643497e8
 
 # Drop the page cache (root, or passwordless sudo for sysctl), as the MLPerf rules ask before each run.
 DROP_CACHES='sync && if [ "$(id -u)" -eq 0 ]; then /sbin/sysctl -q vm.drop_caches=3; else sudo -n /sbin/sysctl -q vm.drop_caches=3; fi'

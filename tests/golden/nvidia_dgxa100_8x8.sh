@@ -34,7 +34,7 @@ export NCCL_TOPO_FILE=/workspace/bert/dgxa100_nic_affinity.xml
 mkdir -p "$EXP_DIR/results" "$EXP_DIR/logs" "$EXP_DIR/runs"
 
 # ---- the resolved run configuration every rank reads: the whole recipe
-cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_5dda9c36ab09b8f2'
+cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_653e9a4dfff094ef'
 world_size: 64
 model:
   num_layers: 24
@@ -92,8 +92,9 @@ balance:
   group_size: 8
   snake: true
   packing: false
-  pack_window: 1024
+  pack_window: 16384
   pack_sequences: null
+  pack_average: null
 runtime:
   device: cuda
   backend: nccl
@@ -118,7 +119,7 @@ mlperf:
   platform: 8xNVIDIA DGX A100
   ruleset: 5.0.0
   legacy_keys: true
-BERTCTL_RUN_YAML_5dda9c36ab09b8f2
+BERTCTL_RUN_YAML_653e9a4dfff094ef
 
 # Drop the page cache (root, or passwordless sudo for sysctl), as the MLPerf rules ask before each run.
 DROP_CACHES='sync && if [ "$(id -u)" -eq 0 ]; then /sbin/sysctl -q vm.drop_caches=3; else sudo -n /sbin/sysctl -q vm.drop_caches=3; fi'

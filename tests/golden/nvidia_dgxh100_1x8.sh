@@ -1,6 +1,6 @@
 #!/bin/bash
 # Rendered by bertctl 0.1.0 from clusters/nvidia_dgxh100_1x8.yaml
-# nvidia_dgxh100_1x8: NVIDIA MLPerf BERT recipe, 1x8 H100, LAMB, packs of 2 (batch 768), stock PyTorch image
+# nvidia_dgxh100_1x8: NVIDIA MLPerf BERT recipe, 1x8 H100, LAMB, packs of up to 3 averaging 2 (batch 768), stock PyTorch image
 # 1 node(s) x 8 task(s) = 8 rank(s); 10 run(s), seeds 0, 1, 2, 3, 4, 5, 6, 7, 8, 9
 # Submit and track:  bertctl submit --cluster nvidia_dgxh100_1x8 --nexp 10
 # By hand:  cd into an empty folder on a filesystem every node sees, then: sbatch <this file>
@@ -9,7 +9,7 @@
 #SBATCH --nodes=1
 #SBATCH --ntasks-per-node=8
 #SBATCH --gpus-per-node=8
-#SBATCH --time=00:30:00
+#SBATCH --time=04:15:00
 #SBATCH --mem=0
 #SBATCH --output=%j_0_log.out
 #SBATCH --signal=USR2@90
@@ -33,7 +33,7 @@ NTASKS=$((SLURM_JOB_NUM_NODES * 8))
 mkdir -p "$EXP_DIR/results" "$EXP_DIR/logs" "$EXP_DIR/runs"
 
 # ---- the resolved run configuration every rank reads: the whole recipe
-cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_ced9e134de95df04'
+cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_73203a545aba23aa'
 world_size: 8
 model:
   num_layers: 24
@@ -91,8 +91,9 @@ balance:
   group_size: 8
   snake: true
   packing: true
-  pack_window: 1024
-  pack_sequences: 2
+  pack_window: 65536
+  pack_sequences: 3
+  pack_average: 2.0
 runtime:
   device: cuda
   backend: nccl
@@ -117,7 +118,7 @@ mlperf:
   platform: 1xNVIDIA DGX H100
   ruleset: 5.0.0
   legacy_keys: true
-BERTCTL_RUN_YAML_ced9e134de95df04
+BERTCTL_RUN_YAML_73203a545aba23aa
 
 # Drop the page cache (root, or passwordless sudo for sysctl), as the MLPerf rules ask before each run.
 DROP_CACHES='sync && if [ "$(id -u)" -eq 0 ]; then /sbin/sysctl -q vm.drop_caches=3; else sudo -n /sbin/sysctl -q vm.drop_caches=3; fi'

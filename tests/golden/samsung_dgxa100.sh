@@ -33,7 +33,7 @@ export NCCL_IB_HCA=mlx5_1,mlx5_0,mlx5_5,mlx5_2
 mkdir -p "$EXP_DIR/results" "$EXP_DIR/logs" "$EXP_DIR/runs"
 
 # ---- the resolved run configuration every rank reads: the whole recipe
-cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_9be8fbfa70dabfb8'
+cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_8ff4156699c21fe3'
 world_size: 1024
 model:
   num_layers: 24
@@ -95,8 +95,9 @@ balance:
   group_size: 8
   snake: true
   packing: false
-  pack_window: 1024
+  pack_window: 16384
   pack_sequences: null
+  pack_average: null
 runtime:
   device: cuda
   backend: nccl
@@ -121,7 +122,7 @@ mlperf:
   platform: 128xNVIDIA DGX A100
   ruleset: 5.0.0
   legacy_keys: true
-BERTCTL_RUN_YAML_9be8fbfa70dabfb8
+BERTCTL_RUN_YAML_8ff4156699c21fe3
 
 # Drop the page cache (root, or passwordless sudo for sysctl), as the MLPerf rules ask before each run.
 DROP_CACHES='sync && if [ "$(id -u)" -eq 0 ]; then /sbin/sysctl -q vm.drop_caches=3; else sudo -n /sbin/sysctl -q vm.drop_caches=3; fi'

@@ -141,13 +141,17 @@ class BalanceConfig(Section):
     exchange_padding: Literal["none", "global", "group"] = "none"
     group_size: int = Field(8, ge=1)
     snake: bool = True
-    # packing: a rank's micro-batch is batch_size packs (rows of at most max_seq_length tokens,
-    # about two sequences each), packed best-fit from windows of pack_window samples
+    # packing: a rank's micro-batch is batch_size packs (rows of at most max_seq_length tokens), packed
+    # from windows of pack_window samples (trainer/balance.py::pack_sequences; the next window is packed
+    # while the current one trains)
     packing: bool = False
-    pack_window: int = Field(1024, ge=1)
-    # at most this many sequences in a pack (NVIDIA's PACKING_FACTOR); with it, the global batch counts
-    # sequences: ranks x batch_size x accumulation x pack_sequences. None: no limit, the batch counts packs
+    pack_window: int = Field(16384, ge=1)
+    # at most this many sequences in a pack (NVIDIA's packed dataset: 3); None: no limit
     pack_sequences: Optional[int] = Field(None, ge=1)
+    # the nominal sequences per pack (NVIDIA: 2, the packed data averages 1.999): the logged
+    # global_batch_size is ranks x batch_size x accumulation x pack_average; the trainer counts the
+    # sequences actually trained and reports them beside it. None: the batch counts packs
+    pack_average: Optional[float] = Field(None, gt=0)
 
     @model_validator(mode="after")
     def _consistent(self) -> "BalanceConfig":
@@ -156,6 +160,9 @@ class BalanceConfig(Section):
                 raise ConfigProblem("bin_quotas", f"needs {len(BIN_EDGES)} non-negative counts, got {self.bin_quotas}")
             if not self.stratified:
                 raise ConfigProblem("bin_quotas", "is set but stratified is false")
+        if self.pack_average is not None and self.pack_sequences is not None and self.pack_average > self.pack_sequences:
+            raise ConfigProblem("pack_average", f"{self.pack_average} exceeds pack_sequences ({self.pack_sequences}), "
+                                                "the most sequences a pack holds")
         if self.packing and self.stratified:
             raise ConfigProblem("packing", "packing and stratified batches are alternatives, choose one")
         return self
@@ -228,13 +235,13 @@ class RunConfig(Section):
         """Rules that tie sections together, each checked here and nowhere else."""
         problems = []
         t, rt, bal = self.train, self.runtime, self.balance
-        per_row = bal.pack_sequences if bal.packing and bal.pack_sequences else 1
+        per_row = bal.pack_average if bal.packing and bal.pack_average else 1
         expected = self.world_size * t.batch_size * t.gradient_accumulation_steps * per_row
         if t.global_batch_size != expected:
             names = "ranks x batch_size x gradient_accumulation_steps"
             values = f"{self.world_size} x {t.batch_size} x {t.gradient_accumulation_steps}"
-            if per_row > 1:
-                names, values = names + " x pack_sequences", values + f" x {per_row}"
+            if per_row != 1:
+                names, values = names + " x balance.pack_average", values + f" x {per_row:g}"
             problems.append(ConfigProblem("train.global_batch_size", f"is {t.global_batch_size} but {names} = {values} = {expected}"))
         if rt.device == "cpu":
             cuda_only = {"backend": rt.backend == "nccl", "precision": rt.precision != "fp32", "kernels": rt.kernels == "apex"}

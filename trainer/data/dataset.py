@@ -204,11 +204,14 @@ class StratifiedStream:
 
 
 class PackedStream:
-    """Packs of whole sequences (at most `capacity` tokens each) made from windows of the inner stream.
+    """Packs of whole sequences (at most `capacity` tokens and `max_per_pack` sequences each) made from
+    windows of the inner stream.
 
-    Each window of `window` samples is packed best-fit-decreasing (about 99.8 % full on the real
-    length mix) and its packs are handed out in a seeded order. The position is the inner
-    stream's position at the window's start plus the number of packs already handed out.
+    Each window of `window` samples is packed with `pack_sequences` (at up to 3 per pack on the
+    Wikipedia length mix, windows of 65,536: 1.994 sequences and 99.8 % real tokens per pack) and its packs are
+    handed out in a seeded order. The next window is read and packed in a background thread while
+    this one trains, so the step never waits for packing. The position is the inner stream's
+    position at the window's start plus the number of packs already handed out.
     """
 
     def __init__(self, inner: ShardStream, window: int, capacity: int, seed: int, max_per_pack: int | None = None):
@@ -217,6 +220,9 @@ class PackedStream:
         self.start = StreamPosition()
         self.next_pack = 0
         self._packs: list[list[Sample]] | None = None
+        self._end = StreamPosition()  # the inner stream's position after this window
+        self._ahead = cf.ThreadPoolExecutor(1, thread_name_prefix="packing")
+        self._next: tuple[StreamPosition, cf.Future] | None = None  # the next window, being packed
 
     def take_packs(self, n: int) -> list[list[Sample]]:
         out: list[list[Sample]] = []
@@ -226,26 +232,48 @@ class PackedStream:
             out.extend(chunk)
             self.next_pack += len(chunk)
             if self.next_pack >= len(packs):
-                self.start, self.next_pack, self._packs = StreamPosition(**asdict(self.inner.position)), 0, None
+                self.start, self.next_pack, self._packs = self._end, 0, None
         return out
 
     def _current(self) -> list[list[Sample]]:
         if self._packs is None:
-            self.inner.position = StreamPosition(**asdict(self.start))
-            self.inner._shard = self.inner._order = None
-            samples = self.inner.take(self.window)
-            groups = pack_sequences(np.array([len(x) for x in samples]), self.capacity, self.max_per_pack)
-            key = [self.seed, self.start.epoch, self.start.file, self.start.offset]
-            order = np.random.default_rng(key).permutation(len(groups))
-            self._packs = [[samples[i] for i in groups[g]] for g in order]
+            ready = self._next[1] if self._next is not None and self._next[0] == self.start else None
+            if ready is None:
+                self._settle_ahead()
+                ready = self._ahead.submit(self._pack_window, self.start)
+            self._packs, self._end = ready.result()
+            self._next = (self._end, self._ahead.submit(self._pack_window, self._end))
         return self._packs
+
+    def _pack_window(self, start: StreamPosition) -> tuple[list[list[Sample]], StreamPosition]:
+        """The packs of the window that starts at `start`, in their seeded order, and where it ends.
+        The inner stream reads on from where the last window ended, reopening a shard only after a restore."""
+        if self.inner.position != start:
+            self.inner.position = StreamPosition(**asdict(start))
+            self.inner._shard = self.inner._order = None
+        samples = self.inner.take(self.window)
+        groups = pack_sequences(np.array([len(x) for x in samples]), self.capacity, self.max_per_pack)
+        key = [self.seed, start.epoch, start.file, start.offset]
+        order = np.random.default_rng(key).permutation(len(groups))
+        return [[samples[i] for i in groups[g]] for g in order], StreamPosition(**asdict(self.inner.position))
+
+    def _settle_ahead(self) -> None:
+        """Wait for a window being packed ahead (its error, if any, belongs to a window not wanted now)."""
+        if self._next is not None:
+            cf.wait([self._next[1]])
+            self._next = None
 
     @property
     def position(self) -> dict:
         return {"start": asdict(self.start), "next_pack": self.next_pack}
 
     def restore(self, state: dict) -> None:
+        self._settle_ahead()
         self.start, self.next_pack, self._packs = StreamPosition(**state["start"]), state["next_pack"], None
+
+    def close(self) -> None:
+        self._settle_ahead()
+        self._ahead.shutdown(wait=True)
 
 
 class TrainData:
@@ -308,6 +336,8 @@ class TrainData:
                 stream._shard = stream._order = None
 
     def close(self) -> None:
+        for stream in self.packed or []:
+            stream.close()
         self.loader.close()
 
 
