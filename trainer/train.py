@@ -135,9 +135,13 @@ class Trainer:
         if self.evaluator:
             self.say(f"eval set: {self.cfg.data.eval_samples} samples, {self.evaluator.masked} masked tokens; "
                      f"guessing the most frequent one scores {self.evaluator.baseline:.3f} (the unigram baseline)")
-        t = self.cfg.train
-        self.say(f"training: {self.cfg.world_size} rank(s) x {t.batch_size} x {t.gradient_accumulation_steps} = "
-                 f"{t.global_batch_size} sequences per step, seed {self.seed}, "
+        t, b = self.cfg.train, self.cfg.balance
+        rows = f"{self.cfg.world_size} rank(s) x {t.batch_size} x {t.gradient_accumulation_steps}"
+        batch = f"{rows} = {t.global_batch_size} sequences per step"
+        if b.packing:  # rows are packs: the logged batch is nominal, the progress lines give the actual one
+            batch = (f"{rows} packs of up to {b.pack_sequences or 'any number of'} sequences, {t.global_batch_size} "
+                     f"sequences per step nominally ({b.pack_average or 1:g} per pack)")
+        self.say(f"training: {batch}, seed {self.seed}, "
                  f"{'resumed at update ' + str(self.state.updates) if self.resumed else 'from the start'}")
 
     def next_micro_batches(self) -> list[Batch]:
