@@ -1,6 +1,7 @@
 """The time-to-train model (orchestrator/predict.py) against published MLPerf Training v1.1 BERT scores.
 
-    python benchmarks/predict_vs_published.py
+    python benchmarks/predict_vs_published.py              # the systems kept in tests/data
+    python benchmarks/predict_vs_published.py --tree DIR   # every BERT system of a training_results_v1.1 checkout
 
 For each system: its logged throughput (the time between successive evals, steps and eval together)
 and overhead (the first interval's warm-up, the tail after the last eval), the RCP's mean samples to
@@ -8,11 +9,13 @@ converge for its global batch (ruleset 1.1.0, as compliance-check interpolates t
 prediction against the published score (the olympic mean of run_stop - run_start over its 10 runs, as
 compliance-check computes it). "conv." is how many more samples the runs trained than the RCP mean:
 the model's miss from convergence alone. The logs are tests/data (published trees from
-github.com/mlcommons/training_results_v1.1; NVIDIA's kept as .tar.gz, each log whole).
+github.com/mlcommons/training_results_v1.1; those in tests/data/mlperf-published kept as .tar.gz, each
+log whole).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import platform
 import sys
@@ -36,6 +39,8 @@ SYSTEMS = [
     ("NVIDIA dgxa100_n8", DATA / "mlperf-published" / "v1.1" / "NVIDIA" / "dgxa100_n8_ngc21.09_pytorch.tar.gz"),
     ("NVIDIA dgxa100_n128", DATA / "mlperf-published" / "v1.1" / "NVIDIA" / "dgxa100_n128_ngc21.09_pytorch.tar.gz"),
     ("NVIDIA dgxa100_n540", DATA / "mlperf-published" / "v1.1" / "NVIDIA" / "dgxa100_n540_ngc21.09_pytorch.tar.gz"),
+    ("Habana HLS-1H-N16", DATA / "mlperf-published" / "v1.1" / "Intel-HabanaLabs" / "HLS-1H-N16.tar.gz"),
+    ("Graphcore pod128", DATA / "mlperf-published" / "v1.1" / "Graphcore" / "ipu-pod128-POPART-closed.tar.gz"),
 ]
 
 
@@ -55,25 +60,45 @@ def accelerators(root: Path) -> int:
     return int(data["number_of_nodes"]) * int(data["accelerators_per_node"])
 
 
-def check(source: Path, scratch: Path) -> tuple[int, predict.PublishedCheck]:
-    root = tree(source, scratch)
-    return accelerators(root), predict.from_published(resultset.from_directory(root), RULESET)
+def every_system(checkout: Path) -> list[tuple[str, Path]]:
+    """ORG/results/SYSTEM for every BERT result set of a training_results checkout."""
+    return [(f"{b.parent.parent.parent.name} {b.parent.name}", b.parent.parent.parent)
+            for b in sorted(checkout.glob("*/results/*/bert")) if any(b.glob("result_*.txt"))]
 
 
-def main() -> None:
+def accelerators_of(root: Path, system: str) -> int:
+    data = json.loads((root / "systems" / f"{system}.json").read_text())
+    return int(data["number_of_nodes"]) * int(data["accelerators_per_node"])
+
+
+def row(name: str, count: int, c: predict.PublishedCheck, division: str | None) -> str:
+    p = c.prediction
+    flag = "" if abs(c.error) <= TARGET else "  MISS"
+    note = "" if division in (None, "closed") else f"  ({division} division)"
+    return (f"{name[:40]:40s} {count:6d} {c.global_batch:6d} {p.rcp.samples:12,.0f} {p.evals:8.2f}/{c.logged_evals:<8.2f} "
+            f"{p.interval_s:10.2f} {p.overhead_s:10.2f} {p.minutes:9.3f} {c.score_minutes:9.3f} "
+            f"{c.error:+7.1%} {c.convergence_miss:+7.1%}{flag}{note}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tree", type=Path, help="a checkout of github.com/mlcommons/training_results_v1.1")
+    args = parser.parse_args(argv)
     print(f"machine: {platform.machine()}, python {platform.python_version()}; RCP ruleset {RULESET}; "
           f"target: prediction within {TARGET:.0%} of the published score")
-    header = (f"{'system':20s} {'accel.':>6s} {'GBS':>6s} {'RCP samples':>12s} {'evals pred/logged':>17s} "
-              f"{'interval s':>10s} {'overhead s':>10s} {'predicted':>9s} {'published':>9s} {'error':>7s} {'conv.':>7s}")
-    print(header)
+    print(f"{'system':40s} {'accel.':>6s} {'GBS':>6s} {'RCP samples':>12s} {'evals pred/logged':>17s} "
+          f"{'interval s':>10s} {'overhead s':>10s} {'predicted':>9s} {'published':>9s} {'error':>7s} {'conv.':>7s}")
     with tempfile.TemporaryDirectory() as scratch:
-        for name, source in SYSTEMS:
-            count, c = check(source, Path(scratch))
-            p = c.prediction
-            flag = "" if abs(c.error) <= TARGET else "  MISS"
-            print(f"{name:20s} {count:6d} {c.global_batch:6d} {p.rcp.samples:12,.0f} {p.evals:8.2f}/{c.logged_evals:<8.2f} "
-                  f"{p.interval_s:10.2f} {p.overhead_s:10.2f} {p.minutes:9.3f} {c.score_minutes:9.3f} "
-                  f"{c.error:+7.1%} {c.convergence_miss:+7.1%}{flag}")
+        for name, source in (every_system(args.tree) if args.tree else SYSTEMS):
+            root = tree(source, Path(scratch))
+            system = name.split()[-1] if args.tree else None
+            try:
+                rs = resultset.from_directory(root / "results" / system if system else root)
+                c = predict.from_published(rs, RULESET)
+            except predict.NoPrediction as why:
+                print(f"{name[:40]:40s} no prediction: {why}")
+                continue
+            print(row(name, accelerators_of(root, system) if system else accelerators(root), c, rs.division))
 
 
 if __name__ == "__main__":

@@ -217,11 +217,11 @@ class PublishedCheck:
 
 def from_published(rs, ruleset: str) -> PublishedCheck:
     """The model on a published result set (an orchestrator.resultset.ResultSet): the interval time is
-    median, over runs, of each run's mean time between its first and last evals (steps and eval
+    the median, over runs, of each run's mean time between its first and last evals (steps and eval
     together); the overhead is the median of each run's first interval beyond that plus its time from
-    the last eval to run_stop; the samples come from the RCP, not from the logs."""
-    from trainer.config import mlperf_eval_interval
-
+    the last eval to run_stop; the eval cadence is the system's own (samples to converge / evals, the
+    median over runs: Azure's 2,048 GPUs evaluated every 225,280 samples where the rule says 200,000);
+    the samples to converge come from the RCP, not from the logs."""
     converged = [s for s in rs.summaries if s.converged and len(s.eval_times_ms) >= 3]
     if not converged:
         raise NoPrediction(f"{rs.label}: no converged run with three evals or more")
@@ -233,7 +233,8 @@ def from_published(rs, ruleset: str) -> PublishedCheck:
         intervals.append(steady)
         overheads.append((times[0] - s.run_start_ms - steady) + (s.run_stop_ms - times[-1]))
     score = scoring.olympic_score([(s.file, s.minutes, s.converged) for s in rs.summaries])
-    prediction = time_to_train(rcp_point(gbs, ruleset), mlperf_eval_interval(gbs),
+    cadence = round(statistics.median(s.samples_to_converge / len(s.eval_times_ms) for s in converged))
+    prediction = time_to_train(rcp_point(gbs, ruleset), cadence,
                                statistics.median(intervals) / 1000.0, statistics.median(overheads) / 1000.0)
     return PublishedCheck(rs.label, gbs, prediction, score.minutes,
                           statistics.mean(len(s.eval_times_ms) for s in converged),
