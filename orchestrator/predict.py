@@ -164,7 +164,7 @@ def from_preflight(reports: dict[int, dict], run) -> Prediction:
         algbw = min(rates)
         parts = step_time(computes[slowest], algbw, gradient, run.train.gradient_accumulation_steps)
         assumptions.append(
-            f"all-reduce: {gradient / 1e6:.0f} MB of fp32 gradients at the measured all-ranks algbw {algbw:.3g} GB/s "
+            f"all-reduce: {gradient / 1e6:.4g} MB of fp32 gradients at the measured all-ranks algbw {algbw:.3g} GB/s "
             f"= {parts['allreduce_s'] * 1e3:.1f} ms; DDP hides it behind the last micro-batch's backward (2/3 of its "
             f"compute) except the last bucket: {parts['allreduce_exposed_s'] * 1e3:.1f} ms exposed")
     else:
@@ -190,7 +190,7 @@ def from_preflight(reports: dict[int, dict], run) -> Prediction:
     ]
     not_large = scoring.rcp_bypass_reason(run.model_dump(mode="json"))
     if not_large:
-        prediction.assumptions.append(f"convergence as BERT-large's: {not_large}")
+        prediction.assumptions.append(f"convergence as BERT-large's, though {not_large.removeprefix('RCP bypassed: ')}")
     return prediction
 
 

@@ -165,3 +165,24 @@ def test_the_benchmark_prints_the_table(capsys):
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith(("Inspur", "GIGABYTE", "NVIDIA", "Habana", "Graphcore"))]
     assert len(rows) == 8
     assert rows[5].split()[:3] == ["NVIDIA", "dgxa100_n540", "4320"]
+
+
+@pytest.mark.slow
+def test_a_real_local_preflight_prints_the_predicted_minutes_and_writes_them_to_its_json(tmp_path, bertctl_home):
+    """Two gloo ranks on the local executor: the figures they measure reach the prediction."""
+    import json
+
+    from conftest import run_bertctl
+    from test_preflight import SMALL, local_cluster
+
+    cluster = local_cluster(tmp_path, "predict2", 2)
+    result = run_bertctl("preflight", "--cluster", str(cluster), env=SMALL, timeout=300)
+    assert result.code == 0, result.err
+    (exp_dir,) = (bertctl_home / "experiments").iterdir()
+    written = json.loads((exp_dir / "preflight.json").read_text())["time_to_train"]
+    assert written["minutes"] > 0 and written["detail"]["allreduce_s"] > 0
+    slowest = max(r["measures"]["train_compute"]["compute_s"]
+                  for r in json.loads((exp_dir / "preflight.json").read_text())["ranks"])
+    assert written["detail"]["compute_s"] == slowest
+    assert f"time to train, predicted: {written['minutes']:.2f} min" in result.out
+    assert "assumed: convergence as BERT-large's, though a 2-layer" in result.out  # the tiny test model
