@@ -8,7 +8,9 @@ and overhead (the first interval's warm-up, the tail after the last eval), the R
 converge for its global batch (ruleset 1.1.0, as compliance-check interpolates them), and the
 prediction against the published score (the olympic mean of run_stop - run_start over its 10 runs, as
 compliance-check computes it). "conv." is how many more samples the runs trained than the RCP mean:
-the model's miss from convergence alone. The logs are tests/data (published trees from
+the model's miss from convergence alone. Then, where a log times its training blocks (block_start ..
+block_stop, the eval in the gap to the next block), preflight's eval-time assumption (the eval set over
+all ranks, forward only at 1/3 of a training sample's compute) against the logged gap. The logs are tests/data (published trees from
 github.com/mlcommons/training_results_v1.1; those in tests/data/mlperf-published kept as .tar.gz, each
 log whole).
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import statistics
 import sys
 import tarfile
 import tempfile
@@ -80,6 +83,26 @@ def row(name: str, count: int, c: predict.PublishedCheck, division: str | None) 
             f"{c.error:+7.1%} {c.convergence_miss:+7.1%}{flag}{note}")
 
 
+def eval_check(name: str, count: int, rs) -> str | None:
+    """The eval-time assumption against a log's timed gaps between blocks (the median over runs)."""
+    logged, estimated, intervals = [], [], []
+    for s in rs.summaries:
+        blocks = [b for b in s.blocks if b.stop_ms is not None][1:]  # the first block holds the warm-up
+        if len(blocks) < 3 or not s.samples_to_converge:
+            continue
+        cadence = s.samples_to_converge / len(s.eval_times_ms)
+        training_s = statistics.median(b.stop_ms - b.start_ms for b in blocks) / 1000
+        compute_s = training_s / (cadence / s.global_batch_size)
+        estimated.append(predict.eval_time(compute_s, s.global_batch_size / count, 10_000, count))
+        logged.append(statistics.median(b.start_ms - a.stop_ms for a, b in zip(blocks, blocks[1:])) / 1000)
+        intervals.append(training_s + logged[-1])
+    if not logged:
+        return None
+    gap, guess = statistics.median(logged), statistics.median(estimated)
+    return (f"{name[:40]:40s} {count:6d}  eval logged {gap:6.2f} s, estimated {guess:6.2f} s "
+            f"({guess / gap:.2f}x): {(guess - gap) / statistics.median(intervals):+.1%} of an interval")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tree", type=Path, help="a checkout of github.com/mlcommons/training_results_v1.1")
@@ -88,6 +111,7 @@ def main(argv: list[str] | None = None) -> None:
           f"target: prediction within {TARGET:.0%} of the published score")
     print(f"{'system':40s} {'accel.':>6s} {'GBS':>6s} {'RCP samples':>12s} {'evals pred/logged':>17s} "
           f"{'interval s':>10s} {'overhead s':>10s} {'predicted':>9s} {'published':>9s} {'error':>7s} {'conv.':>7s}")
+    checks = []
     with tempfile.TemporaryDirectory() as scratch:
         for name, source in (every_system(args.tree) if args.tree else SYSTEMS):
             root = tree(source, Path(scratch))
@@ -98,7 +122,12 @@ def main(argv: list[str] | None = None) -> None:
             except predict.NoPrediction as why:
                 print(f"{name[:40]:40s} no prediction: {why}")
                 continue
-            print(row(name, accelerators_of(root, system) if system else accelerators(root), c, rs.division))
+            count = accelerators_of(root, system) if system else accelerators(root)
+            print(row(name, count, c, rs.division))
+            checks.append(eval_check(name, count, rs))
+    print("\npreflight's eval time (forward only, 1/3 of a training sample's compute) where the logs time it:")
+    for line in filter(None, checks):
+        print(line)
 
 
 if __name__ == "__main__":
