@@ -14,12 +14,14 @@ evaluating every eval interval, so
 - Steps per interval: eval interval / global batch, a fraction: the trainer (and NVIDIA's) evaluates at
   the first step whose samples reach the next multiple of the interval, so the gaps alternate between
   the floor and the ceiling and average to the fraction (NVIDIA at 4,320 GPUs: 21 or 22 steps).
-- Step time (`step_time`, from preflight): the slowest rank's compute (forward, backward, optimizer:
-  preflight's `train_compute`), plus the part of the gradient all-reduce that the backward does not
-  hide. Assumed: DDP overlaps every bucket's all-reduce with the rest of the last micro-batch's backward
-  (two thirds of its compute), so what shows is the larger of the last bucket's all-reduce and the
-  all-reduce time beyond that backward. The all-reduce time is the gradient's fp32 bytes at preflight's
-  measured all-ranks algorithm bandwidth (at DDP's bucket size).
+- Step time (`step_time`, from preflight): the slowest rank's compute (forward and backward of its
+  micro-batches: preflight's `train_compute`), plus the part of the gradient all-reduce that the
+  backward does not hide. Assumed: DDP overlaps every bucket's all-reduce with the rest of the last
+  micro-batch's backward (two thirds of its compute), so what shows is the larger of the last bucket's
+  all-reduce and the all-reduce time beyond that backward. The all-reduce time is the gradient's fp32
+  bytes at preflight's measured all-ranks algorithm bandwidth (at DDP's bucket size). The compute
+  figure leaves the optimizer update out, and preflight also times whole synchronous steps on the same
+  allocation (`train_step`: optimizer and real all-reduce included): the step is the larger of the two.
 - Eval time (`eval_time`, from preflight): the eval set split over all ranks, one forward per sample
   at a third of a training sample's compute (forward = 1/3 of forward + backward FLOPs).
 - Overhead: time in the timed region outside steady intervals (the first interval's warm-up, the
@@ -158,6 +160,8 @@ def from_preflight(reports: dict[int, dict], run) -> Prediction:
              if "algbw" in rep.get("measures", {}).get("allreduce_world", {})]
     assumptions = [f"compute: the slowest rank's (rank {slowest}), {computes[slowest] * 1e3:.1f} ms per step of "
                    f"{run.train.batch_size} x {run.train.gradient_accumulation_steps} sequences"]
+    measured = max((rep["measures"]["train_step"]["step_s"] for rep in reports.values()
+                    if "step_s" in rep.get("measures", {}).get("train_step", {})), default=0.0)
     if world > 1 and not rates:
         raise NoPrediction("no all-ranks all-reduce was measured (allreduce_world)")
     if world > 1:
@@ -171,6 +175,12 @@ def from_preflight(reports: dict[int, dict], run) -> Prediction:
         parts = {"compute_s": computes[slowest], "allreduce_s": 0.0, "allreduce_hidden_s": 0.0,
                  "allreduce_exposed_s": 0.0, "step_s": computes[slowest]}
         assumptions.append("all-reduce: none (one rank)")
+    modeled = parts["step_s"]
+    parts = parts | {"modeled_step_s": modeled, "measured_step_s": measured, "step_s": max(modeled, measured)}
+    assumptions.append(
+        f"step: {parts['step_s'] * 1e3:.1f} ms, the larger of the model ({modeled * 1e3:.1f} ms: compute + exposed "
+        f"all-reduce, no optimizer) and preflight's synchronous step on this allocation ({measured * 1e3:.1f} ms, "
+        "optimizer and real all-reduce included; its slowest rank's best step)")
     per_step = run.train.global_batch_size / world  # sequences, also when a row is a pack of several
     eval_s = eval_time(computes[slowest], per_step, run.data.eval_samples, world)
     rcp = rcp_point(run.train.global_batch_size, run.mlperf.ruleset)

@@ -98,6 +98,15 @@ def test_a_hidden_all_reduce_leaves_only_the_last_bucket_and_the_slowest_rank_se
     assert "rank 1" in p.assumptions[0]
 
 
+def test_a_measured_synchronous_step_longer_than_the_model_sets_the_step():
+    slow = rank_report(0.030, 100.0)
+    slow["measures"]["train_step"] = {"value": 3 / 0.045, "unit": "samples/s", "step_s": 0.045}
+    p = predict.from_preflight({0: rank_report(0.025, 100.0), 1: slow}, recipe_128x8())
+    assert p.detail["modeled_step_s"] == pytest.approx(0.030262, abs=1e-6)
+    assert p.step_s == p.detail["measured_step_s"] == 0.045
+    assert any(a.startswith("step: 45.0 ms, the larger of the model (30.3 ms") for a in p.assumptions)
+
+
 def test_an_all_reduce_longer_than_the_backward_shows_by_the_difference():
     p = predict.from_preflight({0: rank_report(0.030, 10.0)}, recipe_128x8())
     assert p.detail["allreduce_s"] == pytest.approx(0.13449, abs=1e-5)
