@@ -6,7 +6,8 @@ writes its figures to EXP/preflight/rank_R.json as it goes; this module waits fo
 them, and judges each node by its slowest rank: a node is flagged when any of its figures is at least
 `threshold` % below the median node's, or when a measure failed, or when a rank reported nothing
 (its node died or never started) or stopped mid-check. It prints one table per node and the
-`-o slurm.exclude=...` override that leaves the flagged nodes out, writes everything to
+`-o slurm.exclude=...` override that leaves the flagged nodes out, then the predicted time to train
+from the figures (orchestrator/predict.py, every assumption named), writes everything to
 EXP/preflight.json, and the verb exits 1 when a node is flagged. Torch-free.
 
 Figures are rates (higher is better). Measures every node shares (the all-ranks all-reduce, and
@@ -74,6 +75,7 @@ class Verdict:
     nodes: list[NodeVerdict]
     medians: dict[str, float]
     excluded: str | None = None  # the cluster's slurm.exclude already: the override keeps it
+    time_to_train: dict | None = None  # predict.Prediction.as_json(), or {"error": why not}
 
     @property
     def flagged(self) -> list[str]:
@@ -87,7 +89,7 @@ class Verdict:
     def as_json(self) -> dict:
         return {"experiment": self.experiment, "threshold": self.threshold, "flagged": self.flagged,
                 "override": self.override(), "medians": self.medians,
-                "nodes": [asdict(n) | {"flagged": n.flagged} for n in self.nodes]}
+                "nodes": [asdict(n) | {"flagged": n.flagged} for n in self.nodes], "time_to_train": self.time_to_train}
 
 
 # ---- gathering ---------------------------------------------------------------------------------
@@ -195,6 +197,7 @@ def run(cluster, threshold: float, say) -> tuple[Experiment, Verdict]:
                          f"{exp.log_file(0)} (`bertctl logs {exp.id}`)")
     verdict = assess(exp.id, reports, world, per_node, threshold, allocated_nodes(exp))
     verdict.excluded = config.slurm.exclude if config.executor == "slurm" else None
+    verdict.time_to_train = predicted_time(reports, config.run)
     if final.state.value != "COMPLETED":
         blame_first_failure(verdict, exp.log_file(0))
     write_json(exp.path / "preflight.json", verdict.as_json() | {"job_state": final.state.value,
@@ -203,6 +206,16 @@ def run(cluster, threshold: float, say) -> tuple[Experiment, Verdict]:
         raise WorkFailed(f"preflight {exp.id} ended {final.state.value} and no node is to blame by its figures: see "
                          f"{exp.log_file(0)} (`bertctl logs {exp.id}`)")
     return exp, verdict
+
+
+def predicted_time(reports: dict[int, dict], run) -> dict:
+    """The time to train these figures predict for the recipe, or why there is none."""
+    from orchestrator import predict
+
+    try:
+        return predict.from_preflight(reports, run).as_json()
+    except predict.NoPrediction as why:
+        return {"error": str(why)}
 
 
 SRUN_TASK_ERROR = re.compile(r"^srun: error: (\S+): tasks? ([\d,-]+): (.+)$")
@@ -269,3 +282,7 @@ def print_tables(verdict: Verdict, console) -> None:
                       f"leave them out with: {verdict.override()}", highlight=False, soft_wrap=True)
     else:
         console.print(f"no node flagged (threshold {verdict.threshold:g} % below the median)", highlight=False)
+    if verdict.time_to_train is not None:
+        from orchestrator import predict
+
+        predict.print_prediction(verdict.time_to_train, console)
