@@ -53,6 +53,7 @@ RANK_CLOCK_SKEW_MS = 60_000
 # What a log may still say after run_stop: Habana's published logs end with the submission_* keys
 AFTER_RUN_STOP = (K.SUBMISSION_BENCHMARK, K.SUBMISSION_ORG, K.SUBMISSION_DIVISION, K.SUBMISSION_STATUS,
                   K.SUBMISSION_PLATFORM, K.SUBMISSION_POC_NAME, K.SUBMISSION_POC_EMAIL)
+INTERVAL_STARTS = {K.BLOCK_STOP: K.BLOCK_START, K.EPOCH_STOP: K.EPOCH_START, K.EVAL_STOP: K.EVAL_START}
 FIELDS = ("time_ms", "key", "value", "metadata")
 
 COUNT_METADATA = (K.EPOCH_NUM, K.SAMPLES_COUNT, K.FIRST_EPOCH_NUM, K.EPOCH_COUNT, "step")
@@ -267,6 +268,8 @@ class Rules:
         before = [(self.run_start_ms, "run_start's"), (self.key_ms.get(e.key), f"the previous {e.key}'s")]
         if e.key == K.RUN_STOP:
             before.append((self.key_ms.get(K.EVAL_ACCURACY), "the last eval_accuracy's"))
+        if e.key in INTERVAL_STARTS:  # an interval ends after it started
+            before.append((self.key_ms.get(INTERVAL_STARTS[e.key]), f"its {INTERVAL_STARTS[e.key]}'s"))
         for earlier, whose in before:
             if earlier is not None and t < earlier:
                 return f"time_ms {t} is earlier than the event before ({whose} {earlier})"

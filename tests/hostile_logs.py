@@ -108,6 +108,14 @@ def run_stop_at(offset_ms: int):
     return damage
 
 
+def block_stop_before_start(lines):
+    """The last block_stop timed 1 ms before its block_start (each key alone stays in order)."""
+    start = event_of(lines[find(lines, "block_start", last=True)])["time_ms"]
+    i = find(lines, "block_stop", last=True)
+    lines[i] = with_field(lines[i], "time_ms", str(start - 1))
+    return lines
+
+
 def two_on_one_line(lines):
     i = find(lines, "eval_accuracy")
     return lines[:i] + [lines[i] + " " + lines[i + 1]] + lines[i + 2:]
@@ -169,7 +177,8 @@ def cases() -> list[Case]:
     time += [Case("time/first far in the future", set_field("cache_clear", "time_ms", "4102444800000", last=False),
                   "not a time this log could have been written at"),
              Case("time/run_stop before run_start's time", run_stop_at(-60_000), "earlier than the event before"),
-             Case("time/negative minutes", run_stop_at(-1), "earlier than the event before")]
+             Case("time/negative minutes", run_stop_at(-1), "earlier than the event before"),
+             Case("time/a block that stops before it starts", block_stop_before_start, "its block_start's")]
     order = [
         Case("order/second run_start before the last line", before_last_line("run_start"), "a second run_start"),
         Case("order/run_stop before run_start", run_stop_first, "run_stop before any run_start"),
