@@ -18,7 +18,7 @@ stages; tests/test_gpu_suite.py runs the CPU-runnable ones at tiny shapes.
   weights), when apex and its CUDA extensions import;
 - throughput: BERT-large phase 2 (lengths from the Wikipedia histogram, at most 76 masked per
   sequence), bf16, in this one process: Hugging Face padded to 512 (SDPA) against ours unpadded,
-  eager and with `runtime.compile`, and ours packed (48 rows of at most 2 sequences per step, the
+  eager and with `runtime.compile`, and ours packed (48 rows of at most 3 sequences per step, the
   H100 recipe's micro-batch, compiled); sequences/s, MFU (real-token training FLOPs over the GPU's dense
   bf16 peak, named in the output) and peak memory.
 """
@@ -295,7 +295,7 @@ def steady_state_syncs(device: torch.device, precision: str, steps: int = 5) -> 
     runtime = {"device": device.type, "backend": "nccl" if device.type == "cuda" else "gloo", "unpad": True,
                "nccl_warmup_steps": 2}
     cases = {f"bucket_{precision}": ({"clip": "bucket"}, {"precision": precision}, {}),
-             f"local_{precision}_packed": ({"clip": "local"}, {"precision": precision}, {"packing": True, "pack_sequences": 2})}
+             f"local_{precision}_packed": ({"clip": "local"}, {"precision": precision}, {"packing": True, "pack_sequences": 3, "pack_average": 2})}
     if device.type == "cuda":
         cases[f"bucket_{precision}_compiled"] = ({"clip": "bucket"}, {"precision": precision, "compile": True}, {})
         cases["bucket_fp16"] = ({"clip": "bucket"}, {"precision": "fp16"}, {})
@@ -305,7 +305,7 @@ def steady_state_syncs(device: torch.device, precision: str, steps: int = 5) -> 
         os.environ["MASTER_PORT"] = str(free_port())
         with tempfile.TemporaryDirectory(prefix="bertctl-gpu-suite-") as tmp:
             # no evaluation or sample limit near: the loop's decisions then need no count from the device
-            train = {"global_batch_size": 8 * balance.get("pack_sequences", 1), "eval_every_samples": 10**6,
+            train = {"global_batch_size": 8 * balance.get("pack_average", 1), "eval_every_samples": 10**6,
                      "max_samples_termination": 10**7}
             config = tiny_run_config(Path(tmp), optim=optim, runtime={**runtime, **changes}, balance=balance, train=train,
                                      mlperf={"division": "open"})
@@ -433,9 +433,9 @@ def throughput(device: torch.device, cfg: ModelConfig, n: int, steps: int, packs
 
 
 def packed_batches(rng: np.random.Generator, vocab: int, packs: int, steps: int) -> list[list[Sample]]:
-    """`steps` batches of `packs` best-fit packs (at most 2 sequences, 512 tokens each), in pack order."""
+    """`steps` batches of `packs` packs (at most 3 sequences, 512 tokens each, as the H100 recipe's), in pack order."""
     pool = make_samples(2 * packs * steps, rng, vocab)
-    rows = pack_sequences(np.array([len(s.input_ids) for s in pool]), 512, 2)
+    rows = pack_sequences(np.array([len(s.input_ids) for s in pool]), 512, 3)
     return [[pool[i] for row in rows[k * packs:(k + 1) * packs] for i in row] for k in range(steps)]
 
 
