@@ -155,7 +155,10 @@ def test_the_device_command_runs_its_stages_in_a_python_like_the_gpu_machines(gp
     assert list(found) == MAIN_STAGES, list(found)
     # one by one: each record was on disk well before the next stage ended, not all at the end
     times = [appeared[name] for name in MAIN_STAGES]
-    assert all(later - earlier > 5 for earlier, later in zip(times, times[1:])), appeared
+    gaps = [later - earlier for earlier, later in zip(times, times[1:])]
+    # the stages with work (product, torchrun children) took seconds after the record before them;
+    # apex's is a skip in a process of its own: after the one before it, but maybe within seconds
+    assert all(gap > 5 for gap in gaps[:-1]) and gaps[-1] > 0.2, appeared
     environment = found["a_environment.json"]
     assert environment["status"] == "pass" and environment["torch"] == torch_version(gpu_like_python)
     product = found["b_product.json"]
