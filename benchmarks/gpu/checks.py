@@ -295,7 +295,8 @@ def steady_state_syncs(device: torch.device, precision: str, steps: int = 5) -> 
     runtime = {"device": device.type, "backend": "nccl" if device.type == "cuda" else "gloo", "unpad": True,
                "nccl_warmup_steps": 2}
     cases = {f"bucket_{precision}": ({"clip": "bucket"}, {"precision": precision}, {}),
-             f"local_{precision}_packed": ({"clip": "local"}, {"precision": precision}, {"packing": True, "pack_sequences": 3, "pack_average": 2})}
+             f"local_{precision}_packed": ({"clip": "local"}, {"precision": precision},
+                                           {"packing": True, "pack_sequences": 3, "pack_average": 2})}
     if device.type == "cuda":
         cases[f"bucket_{precision}_compiled"] = ({"clip": "bucket"}, {"precision": precision, "compile": True}, {})
         cases["bucket_fp16"] = ({"clip": "bucket"}, {"precision": "fp16"}, {})
