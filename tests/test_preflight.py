@@ -104,15 +104,42 @@ def test_a_node_pair_is_judged_by_its_best_round_so_only_the_node_slow_in_every_
     assert [n.measures["allreduce_pair"].value for n in verdict.nodes] == [4.0, 4.0, 1.0, 4.0]
 
 
-def test_pair_rounds_re_pair_every_node_with_a_new_partner():
+def test_pair_rounds_give_every_node_two_different_partners():
     assert pair_rounds(1) == []
     assert pair_rounds(2) == [[(0, 1)]]
     assert pair_rounds(4) == [[(0, 1), (2, 3)], [(1, 2), (3, 0)]]
-    assert pair_rounds(5) == [[(0, 1), (2, 3)], [(1, 2), (3, 4)]]
-    for n in (4, 6, 8, 128):
-        first, second = pair_rounds(n)
-        assert not {frozenset(p) for p in first} & {frozenset(p) for p in second}
-        assert sorted(x for p in first for x in p) == sorted(x for p in second for x in p) == list(range(n))
+    assert pair_rounds(5) == [[(0, 1), (2, 3)], [(1, 2), (3, 4)], [(4, 0)]]
+    for n in (3, 4, 5, 6, 7, 8, 127, 128):
+        rounds = pair_rounds(n)
+        partners = {node: [] for node in range(n)}
+        for pairs in rounds:
+            in_round = [x for p in pairs for x in p]
+            assert len(in_round) == len(set(in_round))  # a node is in at most one pair per round
+            for a, b in pairs:
+                partners[a].append(b)
+                partners[b].append(a)
+        assert all(len(set(p)) == 2 for p in partners.values()), (n, partners)
+
+
+def test_at_128_nodes_of_8_ranks_the_node_with_a_slow_link_is_the_one_flagged_not_its_partners():
+    """The judge at the flagship's scale (1,024 rank reports): node 77's link halves every pair it is in;
+    its partners are fast in their other round, so only node 77 is flagged by the pairwise measure."""
+    nodes, per_node, slow = 128, 8, 76  # node index 76 is node77
+    bandwidth = {}
+    for i, pairs in enumerate(pair_rounds(nodes)):
+        for a, b in pairs:
+            bandwidth[(i, a)] = bandwidth[(i, b)] = 10.0 if slow in (a, b) else 20.0
+    reports = {}
+    for rank in range(nodes * per_node):
+        k = rank // per_node
+        r = report(rank, f"node{k + 1}", matmul=100.0 + rank % 7, storage=1000.0)
+        r["measures"] |= {f"allreduce_pair_{i}": {"value": bandwidth[(i, k)], "unit": "GB/s"}
+                          for i in range(2) if (i, k) in bandwidth}
+        reports[rank] = r
+    verdict = preflight.assess("e", reports, nodes * per_node, per_node, threshold=10)
+    assert verdict.flagged == ["node77"]
+    assert [r.split(":")[0] for r in verdict.nodes[slow].reasons] == ["all-reduce busbw, node pairs (best round)"]
+    assert verdict.override() == "-o slurm.exclude=node77"
 
 
 def test_gemm_shapes_are_the_encoder_layers():

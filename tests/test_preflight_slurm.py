@@ -1,8 +1,8 @@
 """`bertctl preflight` on the CI's real Slurm (two slurmd on one host, 2 gloo ranks per node) with one
-node slowed down for real: its job processes (found by the job's environment: SLURMD_NODENAME and a
-tag of this test) are moved, as they appear, into a cgroup (v1) with a CPU quota, or a block-device
-read limit. The preflight must flag exactly that node, in every repeat, and no node in as many runs
-without the throttle.
+node slowed down for real (tests/throttle.py): its job processes (found by the job's environment:
+SLURMD_NODENAME and a tag of this test) are moved, as they appear, into a cgroup (v1) with a CPU
+quota, or a block-device read limit. The preflight must flag exactly that node, in every repeat, and
+no node in as many runs without the throttle.
 
 Sizes are small (0.3 s windows, 2 training steps of a 2-layer BERT at length 128): each preflight takes
 about a minute on the 2 shared cores. The threshold is 50 %, not the default 10: the four ranks share
@@ -24,10 +24,10 @@ from pathlib import Path
 import pytest
 from conftest import run_bertctl
 from synthetic import write_dataset
+from throttle import Throttle, Unavailable
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.usefixtures("slurm")]
 
-CGROUP = Path("/sys/fs/cgroup")
 REPEATS = 3
 THRESHOLD = "50"
 SMALL = {"BERTCTL_PREFLIGHT_WINDOW": "0.3", "BERTCTL_PREFLIGHT_WINDOWS": "3", "BERTCTL_PREFLIGHT_STEPS": "2"}
@@ -55,72 +55,11 @@ def overrides(shards: Path) -> list[str]:
     return [a for item in items for a in ("-o", item)]
 
 
-class Throttle:
-    """Moves every process of the tagged job on `node` into cgroup v1 groups as it appears: `cpu` with
-    a CFS quota (a share of one CPU for all of the node's ranks), `blkio` with a read limit on the
-    shards' device. A process joins once torch is loaded: Python and its libraries start at full
-    speed (reading them at 2 MB/s, or importing torch on a tenth of a CPU, would take minutes), the
-    measures run throttled."""
-
-    def __init__(self, node: str, cpu_share: float | None = None, read_bps: tuple[str, int] | None = None):
-        self.node, self.tag = node, uuid.uuid4().hex
-        self.groups: dict[str, Path] = {}
-        self.moved: dict[str, set[int]] = {"cpu": set(), "blkio": set()}
-        if cpu_share is not None:
-            self.groups["cpu"] = self.make("cpu", {"cpu.cfs_period_us": "100000",
-                                                   "cpu.cfs_quota_us": str(int(100000 * cpu_share))})
-        if read_bps is not None:
-            device, rate = read_bps
-            self.groups["blkio"] = self.make("blkio", {"blkio.throttle.read_bps_device": f"{device} {rate}"})
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self.watch, daemon=True)
-
-    def make(self, controller: str, settings: dict[str, str]) -> Path:
-        if not (CGROUP / controller / "cgroup.procs").exists() or os.geteuid() != 0:
-            pytest.skip(f"needs root and the cgroup v1 {controller} controller at {CGROUP / controller}")
-        group = CGROUP / controller / f"bertctl-test-{self.tag}"
-        group.mkdir()
-        for name, value in settings.items():
-            (group / name).write_text(value)
-        return group
-
-    def watch(self) -> None:
-        marks = (f"BERTCTL_TEST_TAG={self.tag}".encode(), f"SLURMD_NODENAME={self.node}".encode())
-        while not self.stop.is_set():
-            for entry in Path("/proc").iterdir():
-                if entry.name.isdigit():
-                    self.consider(int(entry.name), entry, marks)
-            time.sleep(0.05)
-
-    def consider(self, pid: int, entry: Path, marks: tuple[bytes, bytes]) -> None:
-        if all(pid in moved for name, moved in self.moved.items() if name in self.groups):
-            return
-        try:
-            environ = (entry / "environ").read_bytes().split(b"\0")
-            if not all(m in environ for m in marks):
-                return
-            for name, group in self.groups.items():
-                if pid in self.moved[name] or b"libtorch_cpu" not in (entry / "maps").read_bytes():
-                    continue
-                (group / "cgroup.procs").write_text(str(pid))
-                self.moved[name].add(pid)
-        except OSError:
-            pass  # gone, or not ours to read
-
-    def __enter__(self) -> "Throttle":
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.stop.set()
-        self.thread.join()
-        for group in self.groups.values():
-            for _ in range(100):  # the job's processes have ended; the kernel empties the group
-                try:
-                    group.rmdir()
-                    break
-                except OSError:
-                    time.sleep(0.1)
+def throttled(node: str, **limits) -> Throttle:
+    try:
+        return Throttle(node, **limits)
+    except Unavailable as e:
+        pytest.skip(str(e))
 
 
 def preflight(shards: Path, tag: str | None = None) -> tuple[int, dict, str]:
@@ -148,7 +87,7 @@ def test_without_a_throttle_no_node_is_flagged_in_any_repeat(shards):
 
 def test_a_cpu_quota_on_one_node_flags_exactly_that_node_in_every_repeat(shards, bertctl_home):
     for _ in range(REPEATS):
-        with Throttle("node2", cpu_share=0.1) as throttle:
+        with throttled("node2", cpu_share=0.1) as throttle:
             code, verdict, err = preflight(shards, throttle.tag)
         assert throttle.moved["cpu"], "no process of the job was throttled"
         assert (code, verdict["flagged"]) == (1, ["node2"]), reasons(verdict)
@@ -170,7 +109,7 @@ def test_a_read_limit_on_one_node_flags_its_storage_measure(shards):
     majmin = f"{os.major(device)}:{os.minor(device)}"
     if not Path(f"/sys/dev/block/{majmin}").exists():
         pytest.skip(f"the shards' filesystem is not on a block device ({majmin}): blkio cannot limit it")
-    with Throttle("node1", read_bps=(majmin, 4 * 10**6)) as throttle:
+    with throttled("node1", read_bps=(majmin, 4 * 10**6)) as throttle:
         code, verdict, err = preflight(shards, throttle.tag)
     assert throttle.moved["blkio"], "no process of the job was throttled"
     assert (code, verdict["flagged"]) == (1, ["node1"]), reasons(verdict)

@@ -1,5 +1,5 @@
 """Straggler naming during a run (trainer/stragglers.py): the rule, and a real 2-node training run on the
-CI's Slurm with one node throttled by a cgroup CPU quota (tests/test_preflight_slurm.py's Throttle),
+CI's Slurm with one node throttled by a cgroup CPU quota (tests/throttle.py),
 whose rank `bertctl status` and `bertctl logs` name."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import time
 
 import pytest
 from conftest import run_bertctl
-from test_preflight_slurm import Throttle, overrides, shards  # noqa: F401 (shards: the module's fixture)
+from test_preflight_slurm import overrides, shards, throttled  # noqa: F401 (shards: the module's fixture)
 
 from orchestrator.status import last_straggler
 from trainer.stragglers import straggler
@@ -40,7 +40,7 @@ def test_a_throttled_node_of_a_training_run_is_named_by_status_and_logs(shards, 
     recipe = ["-o", "run.optim.max_steps=60", "-o", "run.train.log_every_steps=5", "-o", "run.train.target_accuracy=0.99",
               "-o", "run.train.max_samples_termination=960", "-o", "run.train.eval_every_samples=100000",
               "-o", "node.clear_caches=log_only"]
-    with Throttle("node2", cpu_share=0.1) as throttle:
+    with throttled("node2", cpu_share=0.1) as throttle:
         submitted = run_bertctl("submit", "--cluster", "ci_slurm", *overrides(shards), *recipe,
                                 env={"BERTCTL_TEST_TAG": throttle.tag})
         assert submitted.code == 0, submitted.err

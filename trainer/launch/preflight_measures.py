@@ -226,15 +226,19 @@ def allreduce_busbw(group, size_bytes: int, device: torch.device, timing: Timing
 
 
 def pair_rounds(nodes: int) -> list[list[tuple[int, int]]]:
-    """Node pairs in rounds: (0,1), (2,3), ... then re-paired (1,2), (3,4), ..., (last,0), so a slow
-    node is slow in every round and each of its partners is fast in the other. Two nodes: one round."""
+    """Node pairs in rounds: (0,1), (2,3), ... then re-paired (1,2), (3,4), ..., so a slow node is slow
+    in every round and each of its partners is fast in another. Every node meets two partners: with an
+    even count the second round closes the ring with (last,0); with an odd count one node sits out
+    each of the first two rounds (the last, then node 0), and a third round pairs the two of them.
+    Two nodes: one round."""
     if nodes < 2:
         return []
     first = [(i, i + 1) for i in range(0, nodes - 1, 2)]
     if nodes == 2:
         return [first]
-    second = [(i, (i + 1) % nodes) for i in range(1, nodes, 2)]
-    return [first, second]
+    if nodes % 2 == 0:
+        return [first, [(i, (i + 1) % nodes) for i in range(1, nodes, 2)]]
+    return [first, [(i, i + 1) for i in range(1, nodes - 1, 2)], [(nodes - 1, 0)]]
 
 
 def train_steps(cfg, out: str, run_index: int, seed: int, steps: int, timing: Timing) -> tuple[Figure, Figure]:
