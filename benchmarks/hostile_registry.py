@@ -38,6 +38,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))  # the valid record it damages (tests/registry_records.py)
+
+from registry_records import record  # noqa: E402
+
 GOOD = "c-20260101-000000-aaaaaaaa"
 BAD = "c-20260101-000002-cccccccc"
 RESERVED = ["NEXP", "EXP_DIR", "SEEDS", "PYTHON", "MASTER_ADDR", "MASTER_PORT", "NTASKS", "WHERE", "CONTAINER",
@@ -68,15 +72,6 @@ class Tally:
     wrong: int = 0
     half_written: int = 0
     examples: list[str] = field(default_factory=list)
-
-
-def record(exp_dir: Path, **changes) -> dict:
-    data = {"id": exp_dir.name, "cluster": "c", "cluster_source": "clusters/local.yaml", "executor": "local",
-            "nexp": 1, "seeds": [0], "program": "train", "overrides": [], "script": "job.sh", "created": 1.0,
-            "dir": str(exp_dir), "job_ids": [], "submitted": True, "steps": [], "array": False,
-            "container": "none", "history": []}
-    data.update(changes)
-    return data
 
 
 def add_experiment(home: Path, exp_id: str, created: float = 1.0) -> Path:

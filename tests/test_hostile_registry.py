@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import REPO, run_bertctl, run_cli
+from registry_records import record
 
 from orchestrator import experiments
 from orchestrator.clusters import load_cluster
@@ -26,15 +27,6 @@ from orchestrator.errors import UserError
 GOOD_ID = "c-20260101-000000-aaaaaaaa"
 OTHER_ID = "c-20260101-000001-bbbbbbbb"
 BAD_ID = "c-20260101-000002-cccccccc"
-
-
-def record(exp_dir: Path, **changes) -> dict:
-    data = {"id": exp_dir.name, "cluster": "c", "cluster_source": "clusters/local.yaml", "executor": "local",
-            "nexp": 1, "seeds": [0], "program": "train", "overrides": [], "script": "job.sh", "created": 1.0,
-            "dir": str(exp_dir), "job_ids": [], "submitted": True, "steps": [], "array": False,
-            "container": "none", "history": []}
-    data.update(changes)
-    return data
 
 
 def add_experiment(home: Path, exp_id: str, text: str | None = None, **changes) -> Path:
