@@ -5,6 +5,7 @@ tagged by BERTCTL_TEST_TAG in its environment (the node by SLURMD_NODENAME, whic
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -30,8 +31,12 @@ class Throttle:
         self.groups: dict[str, Path] = {}
         self.moved: dict[str, set[int]] = {"cpu": set(), "blkio": set()}
         if cpu_share is not None:
-            self.groups["cpu"] = self.make("cpu", {"cpu.cfs_period_us": "100000",
-                                                   "cpu.cfs_quota_us": str(int(100000 * cpu_share))})
+            # a short period spreads the share evenly over a measure's window: with the default 100 ms a
+            # process ran at full speed until its quota ran out, then not at all, and a 0.3 s window
+            # caught anything between (the kernel's smallest quota is 1 ms)
+            period = max(10_000, math.ceil(1000 / cpu_share))
+            self.groups["cpu"] = self.make("cpu", {"cpu.cfs_period_us": str(period),
+                                                   "cpu.cfs_quota_us": str(int(period * cpu_share))})
         if read_bps is not None:
             device, rate = read_bps
             self.groups["blkio"] = self.make("blkio", {"blkio.throttle.read_bps_device": f"{device} {rate}"})
