@@ -17,11 +17,15 @@ import os
 import random
 import shutil
 import signal
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
+
+from trainer.config import CheckpointConfig, expand_path
+from trainer.loop_state import LoopState
 
 
 class OutputError(Exception):
@@ -99,25 +103,32 @@ class Checkpoints:
             shutil.rmtree(old, ignore_errors=True)
 
 
+def run_checkpoints(cfg: CheckpointConfig, out: Path, run_index: int, rank: int) -> Checkpoints:
+    """Run N's checkpoints: in checkpoint.dir, or by default in OUT/checkpoints/run_N."""
+    folder = cfg.dir or str(out / "checkpoints" / f"run_{run_index}")
+    return Checkpoints(Path(expand_path(folder)), cfg.keep, rank)
+
+
 class RunCheckpoint:
     """A run's checkpoint contents: what it saves and how it restores them. The model, optimizer,
-    loss scaler and loop state (a dict) are shared; the data position and RNG states are each rank's."""
+    loss scaler and loop state are shared; the data position and RNG states are each rank's."""
 
     def __init__(self, checkpoints: Checkpoints, model, optimizer, scaler, data, identity: dict):
         self.checkpoints = checkpoints
         self.model, self.optimizer, self.scaler, self.data = model, optimizer, scaler, data
         self.identity = identity  # what the run is (seed, run index): saved, for who reads the file
 
-    def save(self, step: int, loop_state: dict) -> Path:
+    def save(self, state: LoopState) -> Path:
+        """A checkpoint named after `state.updates` (whose sample count the caller made exact)."""
         shared = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                  "scaler": self.scaler.state_dict() if self.scaler else None, "state": loop_state, **self.identity}
-        return self.checkpoints.save(step, shared, {"data": self.data.state_dict(), "rng": rng_state()})
+                  "scaler": self.scaler.state_dict() if self.scaler else None, "state": asdict(state), **self.identity}
+        return self.checkpoints.save(state.updates, shared, {"data": self.data.state_dict(), "rng": rng_state()})
 
-    def restore(self) -> tuple[Path, dict] | None:
-        """Load the latest checkpoint into the parts; its path and loop state, or None when there is none."""
+    def restore(self, fresh: LoopState) -> tuple[LoopState, Path | None]:
+        """Load the latest checkpoint into the parts: its loop state and path, or `fresh` and None when there is none."""
         path = self.checkpoints.latest()
         if path is None:
-            return None
+            return fresh, None
         shared, mine = self.checkpoints.load(path)
         self.model.load_state_dict(shared["model"])
         self.optimizer.load_state_dict(shared["optimizer"])
@@ -125,7 +136,7 @@ class RunCheckpoint:
             self.scaler.load_state_dict(shared["scaler"])
         self.data.load_state_dict(mine["data"])
         set_rng_state(mine["rng"])
-        return path, shared["state"]
+        return LoopState(**shared["state"]), path
 
 
 def rng_state() -> dict:

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from trainer.config import DataConfig, expand_path
+from trainer.config import DataConfig, RunConfig, expand_path
 from trainer.data.batch import Batch, collate
 from trainer.data.dataset import DataError
 from trainer.data.layout import Sample, Shard, shard_files
@@ -56,6 +56,14 @@ def unigram_baseline(samples: list[Sample]) -> float:
     return float(np.bincount(ids).max() / len(ids)) if len(ids) else 0.0
 
 
+def build_evaluator(cfg: RunConfig, rank: int, world: int, device) -> Evaluator | None:
+    """The run's evaluator; None when the run has no eval set (data.eval_dir)."""
+    if not cfg.data.eval_dir:
+        return None
+    return Evaluator(cfg.data, cfg.train.eval_batch_size, rank, world, cfg.runtime.unpad, device,
+                     vocab_size=cfg.model.vocab_size, max_positions=cfg.model.max_position_embeddings)
+
+
 class Evaluator:
     def __init__(self, data: DataConfig, batch_size: int, rank: int, world: int, unpadded: bool, device,
                  vocab_size: int | None = None, max_positions: int | None = None):
@@ -65,12 +73,18 @@ class Evaluator:
         everything = read_eval_samples(expand_path(data.eval_dir), data.eval_samples, vocab_size, max_positions)
         self.baseline = unigram_baseline(everything)
         self.masked = sum(len(s.masked_lm_ids) for s in everything)
+        self.samples = len(everything)
         mine = everything[start:end]
         self.batches: list[Batch] = [
             collate(mine[i:i + batch_size], unpadded=unpadded).to(device) for i in range(0, len(mine), batch_size)
         ]
         self.device = device
         self.world = world
+
+    def describe(self) -> str:
+        """The eval set in one line, with what learning nothing but token frequencies would score on it."""
+        return (f"eval set: {self.samples} samples, {self.masked} masked tokens; "
+                f"guessing the most frequent one scores {self.baseline:.3f} (the unigram baseline)")
 
     @torch.no_grad()
     def accuracy(self, model: nn.Module, autocast) -> tuple[float, float]:

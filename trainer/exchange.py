@@ -36,6 +36,13 @@ from trainer.config import BalanceConfig, DataConfig
 from trainer.data.layout import Sample
 
 
+def build_exchange(balance: BalanceConfig, data: DataConfig, device: torch.device, world_size: int) -> Exchange | None:
+    """The run's exchange; None when `balance.exchange_padding` is "none" or one rank has nothing to exchange with."""
+    if balance.exchange_padding == "none" or world_size == 1:
+        return None
+    return Exchange(balance, data, device)
+
+
 class Exchange:
     def __init__(self, balance: BalanceConfig, data: DataConfig, device: torch.device | str):
         # token ids travel as int16 like the shards store them: ModelConfig.vocab_size is bounded to fit

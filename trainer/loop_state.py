@@ -30,6 +30,11 @@ class LoopState:
     status: str | None = None  # success | aborted, once decided
 
 
+def first_state(cfg: RunConfig) -> LoopState:
+    """Where a run that starts from the beginning starts: nothing trained, the first evaluation ahead."""
+    return LoopState(next_eval=cfg.train.eval_start_samples or cfg.train.eval_interval)
+
+
 @dataclass
 class Step:
     """One optimizer update as the loop sees it."""
@@ -93,6 +98,15 @@ class Counts:
         self.state.samples += self.unread.read()
 
 
+def step_sequences(cfg: RunConfig, counted: torch.Tensor) -> int | torch.Tensor:
+    """Sequences trained by all ranks in a step (Step.sequences): the global batch, known without asking
+    the device, except with packing, where the number of sequences per pack varies: then the device's
+    count (`counted`, all-reduced)."""
+    if not cfg.balance.packing:
+        return cfg.train.global_batch_size
+    return counted
+
+
 def most_sequences_per_step(cfg: RunConfig) -> int:
     """An upper bound on the sequences of one step: the global batch, or with packing the packs of a step
     x pack_sequences. Without a pack_sequences limit a row of max_seq_length tokens holds at most that
@@ -102,3 +116,13 @@ def most_sequences_per_step(cfg: RunConfig) -> int:
     if not b.packing:
         return t.global_batch_size
     return cfg.world_size * t.batch_size * t.gradient_accumulation_steps * (b.pack_sequences or cfg.data.max_seq_length)
+
+
+def stop_reason(state: LoopState, cfg: RunConfig) -> str:
+    """Why an aborted run stopped, for its run_stop line: MLPerf calls every run that missed its target
+    'aborted', which reads like a crash to a newcomer watching a fixed-length phase 1."""
+    if state.status != "aborted":
+        return ""
+    limit = ("max_steps", cfg.optim.max_steps) if state.updates >= cfg.optim.max_steps \
+        else ("max_samples_termination", cfg.train.max_samples_termination)
+    return f" ({limit[0]} {limit[1]} reached before the target accuracy {cfg.train.target_accuracy})"

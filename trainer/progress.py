@@ -5,7 +5,8 @@ device as one small tensor so that nothing waits for the GPU until the progress 
 so that summing a window and its last step over all ranks is a single all-reduce. A `Stopwatch`
 times the window: the steps queue their GPU work without waiting for it, so only the wall clock
 from one progress line to the next (each taken after the loop waited for the device) holds all
-of a window's work, its data loading included.
+of a window's work, its data loading included. A `ProgressReport` is what the run loop calls once
+per window: it puts these together into the progress line, its metrics record and the warnings.
 """
 
 from __future__ import annotations
@@ -15,13 +16,18 @@ import json
 import resource
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
 from trainer import distributed
-from trainer.config import ModelConfig
+from trainer.config import ModelConfig, RunConfig
 from trainer.data.batch import Batch
 from trainer.model import training_flops
+from trainer.stragglers import ComputeClock, describe
+
+if TYPE_CHECKING:  # loop_state imports this module (for Tally)
+    from trainer.loop_state import LoopState, Step
 
 
 class Tally:
@@ -146,6 +152,59 @@ class BatchDrift:
         self.warned = True
         return (f"warning: the run trains {actual:.1f} sequences per step on average, {actual / self.nominal - 1:+.1%} "
                 f"from the nominal global_batch_size {self.nominal} its log states (balance.pack_average)")
+
+
+class ProgressReport:
+    """The progress of each window of steps: its line on stdout, its record in metrics/run_N.jsonl
+    (`metrics`, None on the ranks that write none), the straggler line and the batch-drift warning.
+    Its stopwatch times the windows; the loop runs evaluations and checkpoints inside `paused()`."""
+
+    def __init__(self, cfg: RunConfig, device: torch.device, clock: ComputeClock, metrics: Path | None,
+                 say: Callable[[str], None]):
+        self.cfg, self.device, self.clock, self.metrics, self.say = cfg, device, clock, metrics, say
+        self.drift = BatchDrift(cfg.train.global_batch_size)
+        self.stopwatch = Stopwatch()
+
+    def start(self) -> None:
+        """The first window starts now (after the warm-up, whose device work is done)."""
+        self.clock.take()
+        self.stopwatch.restart()
+
+    def paused(self):
+        """A block whose time is not training (see Stopwatch.paused)."""
+        return self.stopwatch.paused(self.device)
+
+    def __call__(self, window: list[Step], state: LoopState) -> None:
+        """Progress line and metrics for the window's steps, `state.samples` made exact beforehand: the
+        one place the loop waits for the device. Every rank calls it (the sums are all-reduced)."""
+        total = Tally(self.device)
+        for step in window:
+            total += step.tally
+        sums, last = global_sums(total, window[-1].tally)  # waits for the device: the window's work is done
+        seconds = self.stopwatch.lap()
+        record = progress_record(state.updates, state.samples, state.skipped, window[-1].lr, seconds, sums, last,
+                                 self.device, self.cfg.model, self.cfg.world_size, steps=len(window),
+                                 nominal_batch=self.cfg.train.global_batch_size)
+        record.update(self.clock.report(seconds))  # every rank's compute and wait (one all-gather)
+        if self.metrics:
+            append_json_line(self.metrics, record)
+        self.say(progress_line(record))
+        if "straggler" in record:
+            self.say(describe(record["straggler"]))
+        if warning := self.drift.check(state.samples, state.updates):
+            self.say(warning)
+
+
+def start_line(cfg: RunConfig, seed: int, resumed_at: int | None) -> str:
+    """The run's first line: the batch it trains, its seed, and the update it resumed at (None: a fresh start)."""
+    t, b = cfg.train, cfg.balance
+    rows = f"{cfg.world_size} rank(s) x {t.batch_size} x {t.gradient_accumulation_steps}"
+    batch = f"{rows} = {t.global_batch_size} sequences per step"
+    if b.packing:  # rows are packs: the logged batch is nominal, the progress lines give the actual one
+        batch = (f"{rows} packs of up to {b.pack_sequences or 'any number of'} sequences, {t.global_batch_size} "
+                 f"sequences per step nominally ({b.pack_average or 1:g} per pack)")
+    start = "from the start" if resumed_at is None else f"resumed at update {resumed_at}"
+    return f"training: {batch}, seed {seed}, {start}"
 
 
 def append_json_line(path: Path, record: dict) -> None:

@@ -18,7 +18,8 @@ import fcntl
 import random
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -28,20 +29,22 @@ from pydantic import ValidationError
 from torch.nn.parallel import DistributedDataParallel
 
 from trainer import distributed
-from trainer.checkpoint import UNWRITABLE, Checkpoints, OutputError, RunCheckpoint, StopSignal, rng_state, set_rng_state, write_model
+from trainer.checkpoint import UNWRITABLE, OutputError, RunCheckpoint, StopSignal, run_checkpoints, write_model
 from trainer.config import REQUEUE_EXIT_CODE, PathError, RunConfig, expand_path, first_problem, load_run_config
 from trainer.data.batch import Batch, collate
 from trainer.data.dataset import DataError, TrainData
-from trainer.data.layout import Sample, ShardError
-from trainer.evaluate import Evaluator
-from trainer.exchange import Exchange
+from trainer.data.layout import ShardError
+from trainer.evaluate import build_evaluator
+from trainer.exchange import build_exchange
 from trainer.gradients import GradientSync
-from trainer.loop_state import Counts, LoopState, Step, most_sequences_per_step
+from trainer.loop_state import Counts, Step, first_state, most_sequences_per_step, step_sequences, stop_reason
 from trainer.mlperf import RunLogger
 from trainer.model import BertForPreTraining
 from trainer.optim import build_optimizer, learning_rate, loss_scale, set_learning_rate, take_step
-from trainer.progress import BatchDrift, Stopwatch, Tally, append_json_line, global_sums, progress_line, progress_record, synchronize
-from trainer.stragglers import ComputeClock, describe
+from trainer.precision import autocast, grad_scaler
+from trainer.progress import ProgressReport, Tally, start_line, synchronize
+from trainer.stragglers import ComputeClock
+from trainer.warmup import warm_up
 from trainer.weights import WeightsError, load_pretrained_file, tf_variable_names
 
 USER_ERRORS = (distributed.LaunchError, DataError, ShardError, WeightsError, PathError, OutputError)
@@ -63,8 +66,7 @@ class Trainer:
         self.env, self.device = distributed.init(cfg)
         self.rank0 = self.env.rank == 0
         out = Path(args.out)
-        folder = cfg.checkpoint.dir or str(out / "checkpoints" / f"run_{args.run_index}")
-        self.checkpoints = Checkpoints(Path(expand_path(folder)), cfg.checkpoint.keep, self.env.rank)
+        self.checkpoints = run_checkpoints(cfg.checkpoint, out, args.run_index, self.env.rank)
         self.mllog = RunLogger(out / "results" / f"result_{args.run_index}.txt", enabled=self.rank0,
                                resumed=self.checkpoints.latest() is not None)
         self.mllog.init_start()
@@ -78,23 +80,23 @@ class Trainer:
         self.optimizer = build_optimizer(self.model, cfg.optim, cfg.runtime.kernels == "apex", self.device.type)
         self.ddp = DistributedDataParallel(self.model, gradient_as_bucket_view=True) if distributed.initialized() else None
         self.grads = GradientSync(self.model, self.ddp, cfg.optim)
-        self.exchange = Exchange(cfg.balance, cfg.data, self.device) \
-            if cfg.balance.exchange_padding != "none" and self.env.world_size > 1 else None
-        self.scaler = torch.amp.GradScaler(self.device.type, init_scale=cfg.runtime.init_loss_scale) \
-            if cfg.runtime.precision == "fp16" else None
+        self.exchange = build_exchange(cfg.balance, cfg.data, self.device, self.env.world_size)
+        self.scaler = grad_scaler(cfg.runtime, self.device)
+        self.autocast = partial(autocast, cfg.runtime.precision, self.device.type)  # the forward's mixed precision
 
         self.data = TrainData(cfg.data, cfg.balance, cfg.train.batch_size, self.env.rank, self.env.world_size, self.seed,
                               vocab_size=cfg.model.vocab_size)
-        self.evaluator = Evaluator(cfg.data, cfg.train.eval_batch_size, self.env.rank, self.env.world_size,
-                                   cfg.runtime.unpad, self.device, vocab_size=cfg.model.vocab_size,
-                                   max_positions=cfg.model.max_position_embeddings) if cfg.data.eval_dir else None
-        self.drift = BatchDrift(cfg.train.global_batch_size)
+        self.evaluator = build_evaluator(cfg, self.env.rank, self.env.world_size, self.device)
         self.stop = StopSignal()
-        self.metrics = (out / "metrics" / f"run_{args.run_index}.jsonl") if self.rank0 else None
         self.saved = RunCheckpoint(self.checkpoints, self.model, self.optimizer, self.scaler, self.data,
                                    {"seed": self.seed, "run_index": args.run_index})
         self.clock = ComputeClock(self.device, self.env.node, self.env.world_size)  # who holds the others back
-        self.state, self.resumed = self.resume()
+        self.progress = ProgressReport(cfg, self.device, self.clock,
+                                       out / "metrics" / f"run_{args.run_index}.jsonl" if self.rank0 else None, self.say)
+        self.state, resumed_from = self.saved.restore(first_state(cfg))  # the model, optimizer, data and RNG too
+        self.resumed = resumed_from is not None
+        if self.resumed:
+            self.say(f"resumed from {resumed_from}")
         self.counts = Counts(self.state, most_sequences_per_step(cfg))
 
     # ---- the run ----------------------------------------------------------------------------
@@ -108,16 +110,17 @@ class Trainer:
             window.append(step)
             self.counts.count(step)
             if self.eval_due(step):
-                with self.stopwatch.paused(self.device):
+                with self.progress.paused():
                     self.evaluate()
             self.state.status = self.stop_decision()
             if self.report_due(step):
-                self.report(window)
+                self.counts.settle()
+                self.progress(window, self.state)
                 window = []
                 if self.state.status is None and self.stop.agreed(self.device):
                     return self.checkpoint_and_exit()
             if self.checkpoint_due(step):
-                with self.stopwatch.paused(self.device):
+                with self.progress.paused():
                     self.save_checkpoint()
         return self.finish()
 
@@ -129,20 +132,11 @@ class Trainer:
             self.mllog.run_start()
             self.mllog.block_start(0, self.state.next_eval)
         synchronize(self.device)  # the warm-up's queued GPU work is not the first block's or window's
-        self.clock.take()
+        self.progress.start()  # the progress lines' rates
         self.block_clock = time.perf_counter()  # throughput of each block, for tracked_stats
-        self.stopwatch = Stopwatch()  # the progress lines' rates
         if self.evaluator:
-            self.say(f"eval set: {self.cfg.data.eval_samples} samples, {self.evaluator.masked} masked tokens; "
-                     f"guessing the most frequent one scores {self.evaluator.baseline:.3f} (the unigram baseline)")
-        t, b = self.cfg.train, self.cfg.balance
-        rows = f"{self.cfg.world_size} rank(s) x {t.batch_size} x {t.gradient_accumulation_steps}"
-        batch = f"{rows} = {t.global_batch_size} sequences per step"
-        if b.packing:  # rows are packs: the logged batch is nominal, the progress lines give the actual one
-            batch = (f"{rows} packs of up to {b.pack_sequences or 'any number of'} sequences, {t.global_batch_size} "
-                     f"sequences per step nominally ({b.pack_average or 1:g} per pack)")
-        self.say(f"training: {batch}, seed {self.seed}, "
-                 f"{'resumed at update ' + str(self.state.updates) if self.resumed else 'from the start'}")
+            self.say(self.evaluator.describe())
+        self.say(start_line(self.cfg, self.seed, self.state.updates if self.resumed else None))
 
     def next_micro_batches(self) -> list[Batch]:
         return [self.next_batch() for _ in range(self.cfg.train.gradient_accumulation_steps)]
@@ -173,7 +167,7 @@ class Trainer:
         self.grads.finish(scale)
         skipped = take_step(self.optimizer, self.scaler)
         self.optimizer.zero_grad()  # set_to_none, torch's default; apex's zero_grad takes no argument
-        return Step(tally, lr, skipped, self.global_sequences(sequences))
+        return Step(tally, lr, skipped, step_sequences(self.cfg, sequences))
 
     def forward_backward(self, batch: Batch, mlm_weight, nsp_weight, context) -> tuple[torch.Tensor, torch.Tensor]:
         """Forward, the loss sums, and backward of mlm_weight * MLM + nsp_weight * NSP (loss-scaled in fp16),
@@ -185,13 +179,6 @@ class Trainer:
             loss = mlm * mlm_weight + nsp * nsp_weight
             (self.scaler.scale(loss) if self.scaler else loss).backward()
         return mlm, nsp
-
-    def global_sequences(self, counted: torch.Tensor) -> int | torch.Tensor:
-        """Sequences trained by all ranks in a step: the global batch, known without asking the device,
-        except with packing, where the number of sequences per pack varies: then the device's count."""
-        if not self.cfg.balance.packing:
-            return self.cfg.train.global_batch_size
-        return counted
 
     def eval_due(self, step: Step) -> bool:
         return self.evaluator is not None and not step.skipped and self.counts.samples_reach(self.state.next_eval)
@@ -234,59 +221,17 @@ class Trainer:
         if s.block_start < s.samples:  # a block the run ended in without an eval
             self.mllog.block_stop(s.block_start, s.samples)
         self.mllog.run_stop(s.status, s.samples)
-        self.say(f"run_stop: {s.status}{self.stop_reason()} after {s.samples} samples "
+        self.say(f"run_stop: {s.status}{stop_reason(s, self.cfg)} after {s.samples} samples "
                  f"({s.updates} updates, {s.skipped} skipped), eval accuracy {s.accuracy}")
         if self.cfg.checkpoint.final_model and self.rank0:
             write_model(expand_path(self.cfg.checkpoint.final_model), self.model)
         return 0
 
-    def stop_reason(self) -> str:
-        """Why an aborted run stopped: MLPerf calls every run that missed its target 'aborted', which
-        reads like a crash to a newcomer watching a fixed-length phase 1."""
-        if self.state.status != "aborted":
-            return ""
-        limit = ("max_steps", self.cfg.optim.max_steps) if self.state.updates >= self.cfg.optim.max_steps \
-            else ("max_samples_termination", self.cfg.train.max_samples_termination)
-        return f" ({limit[0]} {limit[1]} reached before the target accuracy {self.cfg.train.target_accuracy})"
-
-    def report(self, window: list[Step]) -> None:
-        """Progress line and metrics for the last steps: the one place the loop waits for the device."""
-        self.counts.settle()
-        total = Tally(self.device)
-        for step in window:
-            total += step.tally
-        sums, last = global_sums(total, window[-1].tally)  # waits for the device: the window's work is done
-        seconds = self.stopwatch.lap()
-        record = progress_record(self.state.updates, self.state.samples, self.state.skipped, window[-1].lr,
-                                 seconds, sums, last, self.device, self.cfg.model, self.cfg.world_size,
-                                 steps=len(window), nominal_batch=self.cfg.train.global_batch_size)
-        record.update(self.clock.report(seconds))  # every rank's compute and wait (one all-gather)
-        if self.metrics:
-            append_json_line(self.metrics, record)
-        self.say(progress_line(record))
-        if "straggler" in record:
-            self.say(describe(record["straggler"]))
-        if warning := self.drift.check(self.state.samples, self.state.updates):
-            self.say(warning)
-
     def warm_up(self) -> None:
-        """Forward/backward passes on a maximum-length batch through the real collectives (exchange,
-        allreduce), before the clock starts: communicators get created and kernels and allocator
-        warm up at the largest shapes. No optimizer step; the RNG is restored; the data is untouched.
-        Bucket-wise clipping needs two passes: they tell it how many buckets DDP settled on.
-        """
-        passes = max(self.cfg.runtime.nccl_warmup_steps, 2 if self.cfg.optim.clip == "bucket" else 0)
-        if not passes:
-            return
-        saved = rng_state()
-        samples = longest_samples(self.cfg)
-        for _ in range(passes):
-            mine = self.exchange(samples) if self.exchange else samples
-            batch = collate(mine, unpadded=self.cfg.runtime.unpad).to(self.device)
-            self.forward_backward(batch, 1e-3, 1e-3, contextlib.nullcontext())  # DDP reduces: the real collectives
-            self.optimizer.zero_grad()
-        set_rng_state(saved)
-        self.say(f"warm-up: {passes} forward/backward pass(es) at length {self.cfg.data.max_seq_length}")
+        """Max-length passes through the real collectives before the clock starts (trainer/warmup.py::warm_up);
+        the preflight's train_steps and the GPU checks call it too."""
+        if passes := warm_up(self.cfg, self.exchange, self.device, self.forward_backward, self.optimizer):
+            self.say(f"warm-up: {passes} forward/backward pass(es) at length {self.cfg.data.max_seq_length}")
 
     # ---- checkpoints --------------------------------------------------------------------------
 
@@ -297,24 +242,9 @@ class Trainer:
 
     def save_checkpoint(self) -> None:
         self.counts.settle()
-        self.saved.save(self.state.updates, asdict(self.state))
-
-    def resume(self) -> tuple[LoopState, bool]:
-        """The loop state of the latest checkpoint (its model, optimizer, data and RNG restored), or a fresh one."""
-        restored = self.saved.restore()
-        if restored is None:
-            return LoopState(next_eval=self.cfg.train.eval_start_samples or self.cfg.train.eval_interval), False
-        path, state = restored
-        self.say(f"resumed from {path}")
-        return LoopState(**state), True
+        self.saved.save(self.state)
 
     # ---- helpers ------------------------------------------------------------------------------
-
-    def autocast(self):
-        precision = self.cfg.runtime.precision
-        if precision == "fp32":
-            return contextlib.nullcontext()
-        return torch.autocast(self.device.type, dtype=torch.bfloat16 if precision == "bf16" else torch.float16)
 
     def say(self, text: str) -> None:
         if self.rank0:
@@ -332,15 +262,6 @@ def build_model(cfg: RunConfig, device: torch.device) -> BertForPreTraining:
     if cfg.train.init_checkpoint:
         load_pretrained_file(model, expand_path(cfg.train.init_checkpoint))
     return model.to(device).train()
-
-
-def longest_samples(cfg: RunConfig) -> list[Sample]:
-    """A micro-batch of maximum-length sequences with the most masked positions (for the warm-up)."""
-    length, k = cfg.data.max_seq_length, cfg.data.max_predictions_per_seq
-    ids = np.full(length, min(1000, cfg.model.vocab_size - 1), np.int64)
-    positions = np.unique(np.linspace(1, length - 1, num=min(k, length - 1), dtype=np.int64))
-    sample = Sample(ids, (np.arange(length) >= length // 2).astype(np.int64), positions, ids[positions], 0)
-    return [sample] * cfg.train.batch_size
 
 
 def seed_everything(seed: int, rank: int) -> None:
