@@ -4,13 +4,15 @@
     python benchmarks/preflight_rehearsal.py --nodes 32 --repeats 1     # the largest that fits here
 
 Starts a cluster of N slurmd on this host (`.ci/slurm.sh`), writes one synthetic shard per rank,
-and runs the CI cluster's recipe (`ci_slurm`: a 2-layer BERT at length 128, gloo) through
+and runs the CI cluster's recipe (`ci_slurm`: a 2-layer BERT at length 128, gloo; no exchange padding: its
+groups of 2 must stay inside a node) through
 `bertctl preflight` at N nodes x R ranks, with small measurement sizes (the environment below: 0.3 s
 windows, 3 of them, 2 training steps). In each repeat one node's ranks are moved into a cgroup CPU
 quota as they start (tests/throttle.py): a fifth of the CPU a rank gets when every rank shares the
 host's cores, so the node is about 5x slower than the others on every measure it computes. Every
 repeat must flag exactly that node, and its pairwise all-reduce (judged by each node's best round)
-must flag it and none of its partners: that is what the re-pairing is for.
+must flag it and none of its partners: that is what the re-pairing is for. With `--throttle none`
+no node may be flagged.
 
 Each rank is a full torch process: about 140 MB of private memory and 1.5-2.5 s of CPU to import
 torch alone on this machine, so 1,024 ranks (~145 GB) cannot run on a 24 GiB host; this is the
@@ -49,7 +51,8 @@ def overrides(shards: Path, nodes: int, per_node: int) -> list[str]:
     items = [f"resources.nodes={nodes}", f"resources.tasks_per_node={per_node}", "resources.cpus_per_task=1",
              f"run.train.global_batch_size={4 * nodes * per_node}", "slurm.time_limit=00:20:00",
              "prepare.phase1=null", "prepare.dataset=null", f"run.data.train_dir={shards}", "run.data.eval_dir=null",
-             "run.balance.stratified=false", "run.train.init_checkpoint=null", "run.data.max_seq_length=128",
+             "run.balance.stratified=false", "run.balance.exchange_padding=none", "run.train.init_checkpoint=null",
+             "run.data.max_seq_length=128",
              "run.data.max_predictions_per_seq=20", "run.model.vocab_size=64", "node.clear_caches=log_only"]
     return [w for item in items for w in ("-o", item)]
 
@@ -59,13 +62,14 @@ def cpu_share(nodes: int) -> float:
     return max(0.01, 0.2 * (os.cpu_count() or 1) / nodes)
 
 
-def one_preflight(args, shards: Path, home: Path, node: str) -> dict:
+def one_preflight(args, shards: Path, home: Path, node: str | None) -> dict:
+    """One preflight with `node` throttled (None: no throttle, and then no node may be flagged)."""
     from throttle import Throttle
 
-    env = {**os.environ, **SMALL, "BERTCTL_HOME": str(home),
+    env = {**os.environ, **SMALL, "BERTCTL_PREFLIGHT_WINDOW": str(args.window), "BERTCTL_HOME": str(home),
            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     started = time.perf_counter()
-    with Throttle(node, cpu_share=cpu_share(args.nodes)) as throttle:
+    with Throttle(node or "none", cpu_share=cpu_share(args.nodes)) as throttle:
         env["BERTCTL_TEST_TAG"] = throttle.tag
         done = subprocess.run([sys.executable, "-m", "orchestrator", "preflight", "--cluster", "ci_slurm",
                                *overrides(shards, args.nodes, args.ranks_per_node), "--threshold", str(args.threshold),
@@ -78,7 +82,8 @@ def one_preflight(args, shards: Path, home: Path, node: str) -> dict:
     for n in verdict["nodes"]:
         if n["flagged"]:
             print(f"  {n['node']}: " + "; ".join(n["reasons"]))
-    ok = verdict["flagged"] == [node] and pair_flagged == [node] and bool(throttle.moved["cpu"])
+    expected = [node] if node else []
+    ok = verdict["flagged"] == pair_flagged == expected and bool(throttle.moved["cpu"]) == bool(node)
     print(f"preflight-rehearsal: nodes={args.nodes} ranks={args.nodes * args.ranks_per_node} throttled={node} "
           f"flagged={verdict['flagged']} pair_flagged={pair_flagged} ok={ok} wall_s={wall:.1f}", flush=True)
     return {"wall_s": wall, "ok": ok, "flagged": verdict["flagged"], "pair_flagged": pair_flagged}
@@ -90,7 +95,8 @@ def main() -> int:
     parser.add_argument("--ranks-per-node", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threshold", type=float, default=50.0)
-    parser.add_argument("--throttle", default=None, help="the node to slow down (default: a middle one)")
+    parser.add_argument("--window", type=float, default=0.3, help="seconds per measurement window")
+    parser.add_argument("--throttle", default=None, help="the node to slow down (default: a middle one; none: no throttle)")
     parser.add_argument("--timeout", type=float, default=1200)
     parser.add_argument("--keep-cluster", action="store_true")
     args = parser.parse_args()
@@ -98,8 +104,8 @@ def main() -> int:
     from synthetic import write_dataset
 
     print(f"machine: {platform.node()} {platform.machine()}, {os.cpu_count()} CPUs; python {platform.python_version()}, "
-          f"torch {torch.__version__}; windows {SMALL}")
-    node = args.throttle or f"node{args.nodes // 2 + 1}"
+          f"torch {torch.__version__}; {SMALL | {'BERTCTL_PREFLIGHT_WINDOW': str(args.window)}}")
+    node = None if args.throttle == "none" else args.throttle or f"node{args.nodes // 2 + 1}"
     t0 = time.perf_counter()
     sh("bash", str(REPO / ".ci/slurm.sh"), "start", "--nodes", str(args.nodes),
        "--cpus-per-node", str(max(2, args.ranks_per_node)))
@@ -114,7 +120,7 @@ def main() -> int:
     finally:
         if not args.keep_cluster:
             sh("bash", str(REPO / ".ci/slurm.sh"), "stop")
-    print(f"summary: {sum(r['ok'] for r in results)}/{len(results)} repeats flagged exactly {node}; "
+    print(f"summary: {sum(r['ok'] for r in results)}/{len(results)} repeats flagged exactly {[node] if node else []}; "
           f"wall_s {[round(r['wall_s'], 1) for r in results]}")
     return 0 if all(r["ok"] for r in results) else 1
 
