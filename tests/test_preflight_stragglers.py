@@ -40,7 +40,7 @@ def test_a_throttled_node_of_a_training_run_is_named_by_status_and_logs(shards, 
     recipe = ["-o", "run.optim.max_steps=60", "-o", "run.train.log_every_steps=5", "-o", "run.train.target_accuracy=0.99",
               "-o", "run.train.max_samples_termination=960", "-o", "run.train.eval_every_samples=100000",
               "-o", "node.clear_caches=log_only"]
-    with throttled("node2", cpu_share=0.1) as throttle:
+    with throttled("node2", cpu_share=0.1, from_shards=True) as throttle:
         submitted = run_bertctl("submit", "--cluster", "ci_slurm", *overrides(shards), *recipe,
                                 env={"BERTCTL_TEST_TAG": throttle.tag})
         assert submitted.code == 0, submitted.err

@@ -24,10 +24,12 @@ class Throttle:
     a CFS quota (a share of one CPU for all of the node's ranks), `blkio` with a read limit on the
     shards' device. A process joins once torch is loaded: Python and its libraries start at full
     speed (reading them at 2 MB/s, or importing torch on a tenth of a CPU, would take minutes), the
-    measures run throttled."""
+    measures run throttled. With `from_shards`, a process joins once it has a training shard open:
+    a training run then builds its model and starts at full speed too, and its steps run throttled."""
 
-    def __init__(self, node: str, cpu_share: float | None = None, read_bps: tuple[str, int] | None = None):
-        self.node, self.tag = node, uuid.uuid4().hex
+    def __init__(self, node: str, cpu_share: float | None = None, read_bps: tuple[str, int] | None = None,
+                 from_shards: bool = False):
+        self.node, self.tag, self.from_shards = node, uuid.uuid4().hex, from_shards
         self.groups: dict[str, Path] = {}
         self.moved: dict[str, set[int]] = {"cpu": set(), "blkio": set()}
         if cpu_share is not None:
@@ -68,12 +70,18 @@ class Throttle:
             if not all(m in environ for m in marks):
                 return
             for name, group in self.groups.items():
-                if pid in self.moved[name] or b"libtorch_cpu" not in (entry / "maps").read_bytes():
+                if pid in self.moved[name] or not self.started(entry):
                     continue
                 (group / "cgroup.procs").write_text(str(pid))
                 self.moved[name].add(pid)
         except OSError:
             pass  # gone, or not ours to read
+
+    def started(self, entry: Path) -> bool:
+        """Whether the process got to the part that runs throttled (see the class's docstring)."""
+        if self.from_shards:
+            return any(os.readlink(fd).endswith(".hdf5") for fd in (entry / "fd").iterdir())
+        return b"libtorch_cpu" in (entry / "maps").read_bytes()
 
     def __enter__(self) -> "Throttle":
         self.thread.start()
