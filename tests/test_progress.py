@@ -2,6 +2,7 @@
 
 import json
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -96,7 +97,6 @@ def test_progress_rates_count_data_loading_and_leave_out_evaluations(tmp_path, m
     every evaluation. A 3-step window then took at least 30 s, the evaluation in it excluded."""
     from gloo import free_port
 
-    from trainer import distributed
     from trainer.config import load_run_config
     from trainer.train import RunArgs, Trainer
 
@@ -119,16 +119,23 @@ def test_progress_rates_count_data_loading_and_leave_out_evaluations(tmp_path, m
     monkeypatch.setattr(trainer, "next_micro_batches", slow_data)
     monkeypatch.setattr(trainer, "evaluate", slow_evaluation)
     monkeypatch.setattr(progress.time, "perf_counter", lambda: real_clock() + skipped[0])
+    records = run_to_the_end(trainer, tmp_path / "out")
+    assert [r["update"] for r in records] == [3, 6] and evaluations == [3, 6]
+    for record in records:  # 3 steps of 8 sequences per line
+        seconds = 24 / record["seq_per_s"]
+        assert 30 <= seconds < 90, record
+
+
+def run_to_the_end(trainer, out: Path) -> list[dict]:
+    """Run the trainer to its end (exit 0) and return its metrics records."""
+    from trainer import distributed
+
     try:
         assert trainer.run() == 0
     finally:
         trainer.close()
         distributed.close()
-    records = [json.loads(line) for line in (tmp_path / "out" / "metrics" / "run_0.jsonl").read_text().splitlines()]
-    assert [r["update"] for r in records] == [3, 6] and evaluations == [3, 6]
-    for record in records:  # 3 steps of 8 sequences per line
-        seconds = 24 / record["seq_per_s"]
-        assert 30 <= seconds < 90, record
+    return [json.loads(line) for line in (out / "metrics" / "run_0.jsonl").read_text().splitlines()]
 
 
 def test_batch_drift_warns_once_past_one_percent_and_only_after_the_first_steps():
@@ -146,7 +153,6 @@ def test_a_packed_run_reports_actual_beside_nominal_and_warns_when_its_packs_fal
     so the run trains fewer sequences than the global batch it logs, and says so (once)."""
     from gloo import free_port
 
-    from trainer import distributed
     from trainer.config import load_run_config
     from trainer.train import RunArgs, Trainer
 
@@ -157,12 +163,7 @@ def test_a_packed_run_reports_actual_beside_nominal_and_warns_when_its_packs_fal
                              train={"global_batch_size": 12, "log_every_steps": 10, "eval_every_samples": 10**6,
                                     "target_accuracy": 0.99})
     trainer = Trainer(load_run_config(str(config)), RunArgs(config=str(config), out=str(tmp_path / "out")))
-    try:
-        assert trainer.run() == 0
-    finally:
-        trainer.close()
-        distributed.close()
-    records = [json.loads(line) for line in (tmp_path / "out" / "metrics" / "run_0.jsonl").read_text().splitlines()]
+    records = run_to_the_end(trainer, tmp_path / "out")
     assert [r["update"] for r in records] == [10, 20, 30]
     for r in records:
         assert r["nominal_batch"] == 12 and 4 <= r["actual_batch"] < 12 and r["run_batch"] == r["samples"] / r["update"]
