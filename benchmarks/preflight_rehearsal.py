@@ -47,14 +47,13 @@ def sh(*args: str) -> None:
 
 
 def overrides(shards: Path, nodes: int, per_node: int) -> list[str]:
-    """ci_slurm's recipe at this scale, on the synthetic shards (no dataset, no phase 1, no eval)."""
+    """ci_slurm's recipe on the synthetic shards (tests/synthetic.py), at this scale."""
+    from synthetic import ci_slurm_on_shards
+
     items = [f"resources.nodes={nodes}", f"resources.tasks_per_node={per_node}", "resources.cpus_per_task=1",
              f"run.train.global_batch_size={4 * nodes * per_node}", "slurm.time_limit=00:20:00",
-             "prepare.phase1=null", "prepare.dataset=null", f"run.data.train_dir={shards}", "run.data.eval_dir=null",
-             "run.balance.stratified=false", "run.balance.exchange_padding=none", "run.train.init_checkpoint=null",
-             "run.data.max_seq_length=128",
-             "run.data.max_predictions_per_seq=20", "run.model.vocab_size=64", "node.clear_caches=log_only"]
-    return [w for item in items for w in ("-o", item)]
+             "run.balance.exchange_padding=none"]  # its groups of 2 must stay inside a node
+    return ci_slurm_on_shards(shards) + [w for item in items for w in ("-o", item)]
 
 
 def cpu_share(nodes: int) -> float:

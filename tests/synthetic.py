@@ -88,3 +88,15 @@ def train_data(folder, rank: int = 0, world_size: int = 1, batch_size: int = 8, 
     data = DataConfig(train_dir=str(folder), streams=streams, num_workers=workers, max_seq_length=max_seq_length,
                       max_predictions_per_seq=max_predictions)
     return TrainData(data, BalanceConfig(**balance), batch_size, rank, world_size, seed, vocab_size=vocab_size)
+
+
+def ci_slurm_on_shards(shards: Path) -> list[str]:
+    """`-o` words for ci_slurm's recipe on synthetic shards (the preflight and straggler tests, the preflight
+    rehearsal): no dataset to prepare, no phase-1 checkpoint, no eval."""
+    items = ["prepare.phase1=null", "prepare.dataset=null", f"run.data.train_dir={shards}", "run.data.eval_dir=null",
+             "run.balance.stratified=false", "run.train.init_checkpoint=null", "run.data.max_seq_length=128",
+             "run.data.max_predictions_per_seq=20", "run.model.vocab_size=64",
+             # the page cache is dropped per shard by the measure itself; a global drop would make the
+             # throttled node read its Python libraries from the device
+             "node.clear_caches=log_only"]
+    return [a for item in items for a in ("-o", item)]

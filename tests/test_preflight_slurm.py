@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 from conftest import run_bertctl
+from synthetic import ci_slurm_on_shards as overrides
 from synthetic import write_dataset
 from throttle import Throttle, Unavailable
 
@@ -44,17 +45,6 @@ def shards(tmp_path_factory) -> Path:
                            vocab=64, max_len=128, max_pred=20)
     os.sync()
     return folder
-
-
-def overrides(shards: Path) -> list[str]:
-    """ci_slurm's recipe on the synthetic shards: no dataset to prepare, no phase-1 checkpoint, no eval."""
-    items = ["prepare.phase1=null", "prepare.dataset=null", f"run.data.train_dir={shards}", "run.data.eval_dir=null",
-             "run.balance.stratified=false", "run.train.init_checkpoint=null", "run.data.max_seq_length=128",
-             "run.data.max_predictions_per_seq=20", "run.model.vocab_size=64",
-             # the page cache is dropped per shard by the measure itself; a global drop would make the
-             # throttled node read its Python libraries from the device
-             "node.clear_caches=log_only"]
-    return [a for item in items for a in ("-o", item)]
 
 
 def throttled(node: str, **limits) -> Throttle:
