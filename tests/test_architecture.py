@@ -175,7 +175,7 @@ def test_the_loss_row_names_the_functions_a_training_step_calls():
     from trainer.config import ModelConfig
     from trainer.data.batch import collate
     from trainer.data.layout import Sample
-    from trainer.model import BertForPreTraining
+    from trainer.model.bert import BertForPreTraining
 
     cfg = ModelConfig(num_layers=1, hidden_size=32, num_heads=2, intermediate_size=64, vocab_size=64, max_position_embeddings=64)
     model = BertForPreTraining(cfg)
@@ -197,8 +197,8 @@ def test_the_loss_row_names_the_functions_a_training_step_calls():
         sys.setprofile(None)
     (mlm + nsp).backward()
     row = next(line for line in DOC.splitlines() if line.startswith("| loss |"))
-    taken = {"trainer/mlm_loss.py::masked_lm_loss_sum", "trainer/model.py::nsp_loss_sum"}
-    assert taken <= called and "trainer/model.py::pretraining_loss_sums" not in called
+    taken = {"trainer/model/mlm_loss.py::masked_lm_loss_sum", "trainer/model/bert.py::nsp_loss_sum"}
+    assert taken <= called and "trainer/model/bert.py::pretraining_loss_sums" not in called
     assert all(name in row for name in taken), row
     first_named = PATH_REF.search(row.split("|")[3])
     assert f"{first_named.group(1)}::{first_named.group(2)}" in called  # the row's first function is one training calls
@@ -207,7 +207,7 @@ def test_the_loss_row_names_the_functions_a_training_step_calls():
 def test_the_trainer_class_reads_as_the_run_in_under_200_lines():
     """Bookkeeping beside the loop (progress, warm-up, checkpoints, counts) lives in its own modules:
     the class grew to 284 lines once and was brought back; this keeps it there."""
-    tree = ast.parse((REPO / "trainer" / "train.py").read_text())
+    tree = ast.parse((REPO / "trainer" / "loop" / "train.py").read_text())
     trainer = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Trainer")
     length = trainer.end_lineno - trainer.lineno + 1
     assert length < 200, f"class Trainer is {length} lines: move what is not the run itself beside it"

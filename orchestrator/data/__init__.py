@@ -48,7 +48,7 @@ def prepare(loaded: LoadedManifest, cluster: str | None = None, workers: int | N
     check_inputs(loaded)
     slurm = None
     if cluster is not None:
-        from orchestrator.clusters import load_cluster
+        from orchestrator.config.clusters import load_cluster
 
         slurm = load_cluster(cluster, list(cluster_overrides))  # a bad key or value: one line before any work
         if slurm.config.executor != "slurm":
