@@ -13,7 +13,8 @@ from trainer.config import ModelConfig
 from trainer.data.batch import collate
 from trainer.data.histogram import wikipedia_histogram
 from trainer.loop import progress
-from trainer.loop.progress import Stopwatch, Tally, model_flops_utilization, peak_tflops
+from trainer.loop.progress import Stopwatch, model_flops_utilization, peak_tflops
+from trainer.loop.tally import Tally
 from trainer.model.bert import flops_per_sequence, training_flops
 
 

@@ -9,6 +9,9 @@ plane never imports torch:
   on Slurm    one job array per stage, each depending on the previous one (`slurm_arrays`).
 
 Both run the same tasks, which write the same files.
+
+May import: orchestrator, orchestrator.config, orchestrator.rendering, orchestrator.jobs, trainer.config,
+trainer.data
 """
 
 from __future__ import annotations

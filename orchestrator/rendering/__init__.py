@@ -1,1 +1,4 @@
-"""orchestrator.rendering."""
+"""Rendering: `render` (a validated cluster -> the exact script that runs it; a pure function).
+
+May import: orchestrator, orchestrator.config, trainer.config
+"""

@@ -19,13 +19,16 @@ import shutil
 import signal
 from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
 from trainer.config import CheckpointConfig, expand_path
-from trainer.loop.state import LoopState
+
+if TYPE_CHECKING:  # the loop owns its state; a checkpoint only stores it
+    from trainer.loop.state import LoopState
 
 
 class OutputError(Exception):
@@ -136,7 +139,7 @@ class RunCheckpoint:
             self.scaler.load_state_dict(shared["scaler"])
         self.data.load_state_dict(mine["data"])
         set_rng_state(mine["rng"])
-        return LoopState(**shared["state"]), path
+        return type(fresh)(**shared["state"]), path
 
 
 def rng_state() -> dict:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from trainer.config import RunConfig
-from trainer.loop.progress import Tally
+from trainer.loop.tally import Tally
 
 
 @dataclass

@@ -35,9 +35,10 @@ from trainer.data.dataset import DataError, TrainData
 from trainer.data.layout import ShardError
 from trainer.loop.evaluate import build_evaluator
 from trainer.loop.precision import autocast, grad_scaler
-from trainer.loop.progress import ProgressReport, Tally, start_line, synchronize
+from trainer.loop.progress import ProgressReport, start_line, synchronize
 from trainer.loop.state import Counts, Step, first_state, most_sequences_per_step, step_sequences, stop_reason
 from trainer.loop.stragglers import ComputeClock
+from trainer.loop.tally import Tally
 from trainer.loop.warmup import warm_up
 from trainer.mlperf import RunLogger
 from trainer.model.bert import BertForPreTraining
