@@ -60,7 +60,7 @@ def test_each_rule_has_a_round_a_source_and_a_key_of_the_schema(rule):
 
 
 @pytest.mark.parametrize("rule", CLOSED_RULES, ids=lambda r: r.key)
-def test_each_rule_refuses_its_value_naming_itself_and_a_rehearsal_waives_only_the_rules_of_scale(rule):
+def test_each_rule_refuses_its_value_naming_itself_and_the_waiver_covers_only_the_rules_of_scale(rule):
     bad = with_value(cluster_run(), rule.key, REFUSED[rule.key])
     with pytest.raises(ValidationError) as caught:
         RunConfig.model_validate(bad)
@@ -70,12 +70,12 @@ def test_each_rule_refuses_its_value_naming_itself_and_a_rehearsal_waives_only_t
     assert message.endswith(f"only (MLPerf BERT rule '{rule.rule}', since {rule.since}): set mlperf.division=open")
     assert "\n" not in message
     assert RunConfig.model_validate({**bad, "mlperf": {**bad["mlperf"], "division": "open"}})
-    rehearsal = {**bad, "mlperf": {**bad["mlperf"], "rehearsal": True}}
+    waived = {**bad, "mlperf": {**bad["mlperf"], "waive_scale_rules": True}}
     if rule.scale:
-        assert RunConfig.model_validate(rehearsal).mlperf.rehearsal
+        assert RunConfig.model_validate(waived).mlperf.waive_scale_rules
     else:
         with pytest.raises(ValidationError, match=f"'{rule.rule}'"):
-            RunConfig.model_validate(rehearsal)
+            RunConfig.model_validate(waived)
 
 
 @pytest.mark.parametrize("gbs,interval", [(448, 150_000), (768, 150_000), (3072, 175_000), (8192, 225_000),
@@ -97,7 +97,7 @@ def test_every_shipped_closed_recipe_is_accepted():
     assert set(names) >= {"local_1x8gpu", "nvidia_dgxa100_1x8", "nvidia_dgxa100_8x8", "nvidia_dgxa100_128x8", CLUSTER}
     for name in names:
         run = load_cluster(name).config.run
-        assert run.mlperf.division == "closed" and not run.mlperf.rehearsal, name
+        assert run.mlperf.division == "closed" and not run.mlperf.waive_scale_rules, name
         assert closed_problems(run) == [], name
 
 
@@ -138,9 +138,9 @@ def test_the_recipe_as_rendered_passes_the_trainers_start_check(tmp_path: Path):
     assert load_run_config(str(config)).mlperf.division == "closed"
 
 
-def test_rehearsal_is_written_to_run_yaml_only_when_set():
+def test_the_waiver_is_written_to_run_yaml_only_when_set():
     run = cluster_run()
-    assert "rehearsal" not in run["mlperf"]  # the rendered scripts (goldens) carry run.yaml unchanged
-    tiny = RunConfig.model_validate(with_value(with_value(run, "model.num_layers", 2), "mlperf.rehearsal", True))
-    assert tiny.model_dump()["mlperf"]["rehearsal"] is True
+    assert "waive_scale_rules" not in run["mlperf"]  # the rendered scripts (goldens) carry run.yaml unchanged
+    tiny = RunConfig.model_validate(with_value(with_value(run, "model.num_layers", 2), "mlperf.waive_scale_rules", True))
+    assert tiny.model_dump()["mlperf"]["waive_scale_rules"] is True
     assert RunConfig.model_validate(yaml.safe_load(tiny.to_yaml())) == tiny
