@@ -40,7 +40,7 @@ SIX = [
 
 def cluster_run() -> dict:
     """The H100 recipe's run as run.yaml holds it (what the trainer reads)."""
-    from orchestrator.clusters import load_cluster
+    from orchestrator.config.clusters import load_cluster
 
     return load_cluster(CLUSTER).config.run.model_dump(mode="json")
 
@@ -91,7 +91,7 @@ def shipped_closed() -> list[str]:
 
 
 def test_every_shipped_closed_recipe_is_accepted():
-    from orchestrator.clusters import load_cluster
+    from orchestrator.config.clusters import load_cluster
 
     names = shipped_closed()
     assert set(names) >= {"local_1x8gpu", "nvidia_dgxa100_1x8", "nvidia_dgxa100_8x8", "nvidia_dgxa100_128x8", CLUSTER}
@@ -118,7 +118,7 @@ def test_submit_refuses_as_the_user_types_it_and_writes_nothing(bertctl_home):
 
 @pytest.mark.parametrize("override,key,rule,allows", SIX, ids=[s[0] for s in SIX])
 def test_the_trainer_refuses_a_hand_edited_run_yaml_before_training(tmp_path: Path, capsys, override, key, rule, allows):
-    from trainer.train import main
+    from trainer.loop.train import main
 
     dotted, _, raw = override.removeprefix("run.").partition("=")
     config = tmp_path / "run.yaml"

@@ -3,7 +3,7 @@
 import pytest
 from conftest import run_cli
 
-from orchestrator.clusters import cluster_files, load_cluster
+from orchestrator.config.clusters import cluster_files, load_cluster
 from orchestrator.errors import UserError
 
 SHIPPED = ["ci_slurm", "local", "local_1x8gpu", "nvidia_dgxa100_128x8", "nvidia_dgxa100_1x8", "nvidia_dgxa100_8x8",

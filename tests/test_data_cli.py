@@ -16,7 +16,7 @@ from conftest import GOLDEN, REPO, run_cli
 from data_helpers import SMALL, bertctl, digests, worker
 
 from orchestrator import data
-from orchestrator.clusters import load_cluster
+from orchestrator.config.clusters import load_cluster
 from trainer.config import DatasetManifest
 
 

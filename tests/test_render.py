@@ -18,8 +18,8 @@ import pytest
 import yaml
 from conftest import GOLDEN, run_cli
 
-from orchestrator.clusters import load_cluster
-from orchestrator.render import render
+from orchestrator.config.clusters import load_cluster
+from orchestrator.rendering.render import render
 from trainer.config import RunConfig
 
 CASES = {
