@@ -68,6 +68,9 @@ def overrides(cluster: str, nodes: int, work: Path) -> list[str]:
         "slurm.time_limit": "00:20:00",
         "resources.nodes": str(nodes),
         "run.train.global_batch_size": str(nodes * c.resources.tasks_per_node * per_rank_batch),
+        # the closed division's evaluation cadence follows the batch: the rules' interval for the new one
+        "run.train.eval_every_samples": "null",
+        "run.train.eval_start_samples": "null",
         "container.python": str(work / "image" / "bin" / "python"),
         "container.install": "wheel",  # a stock image: the job installs this bertctl first
         "container.mounts": json.dumps(mounts),

@@ -107,7 +107,9 @@ def test_bert_large_never_bypasses_rcp(tmp_path):
 
 def test_the_package_states_the_nodes_the_runs_used(tmp_path):
     exp = f.make_experiment(f.example_specs(), cluster="nvidia_dgxa100_8x8",
-                            overrides=("resources.nodes=1", "run.train.global_batch_size=384"))
+                            # the closed division's evaluation cadence follows the batch: the rules' interval at 384
+                            overrides=("resources.nodes=1", "run.train.global_batch_size=384",
+                                       "run.train.eval_every_samples=null", "run.train.eval_start_samples=null"))
     result = run_cli("package", exp.id, "--org", "ExampleOrg", "--out", str(tmp_path))
     assert result.code == 0, result.err
     described = json.loads((tmp_path / "ExampleOrg" / "systems" / "nvidia_dgxa100_8x8.json").read_text())

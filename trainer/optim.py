@@ -10,7 +10,7 @@
 - Adam (Samsung, open division): AdamW semantics (decoupled decay); torch's fused kernel on CUDA and
   the CPU, foreach elsewhere; apex's FusedAdam when asked for and importable.
 - MADGRAD and ACClip: the trial optimizers of Samsung's v1.1 `optim/` folder (open division only, as is
-  Adam: trainer/config/run.py::CLOSED_OPTIMIZERS).
+  Adam: trainer/config/closed_rules.py::CLOSED_OPTIMIZERS).
   MADGRAD comes from its authors' `madgrad` package; ACClip is written here from its paper (`ACClip`).
 - Clipping is never done inside an optimizer (trainer/parallel/gradients.py clips before the step), and every
   optimizer reads `group["lr"]` at each step, which `set_learning_rate` writes before each update.

@@ -13,19 +13,13 @@ import math
 from typing import ClassVar, Literal, Optional
 
 import yaml
-from pydantic import Field, model_validator
+from pydantic import Field, model_serializer, model_validator
 
 from trainer.config.base import ConfigProblem, Section
+from trainer.config.closed_rules import closed_problems, eval_interval_rule
 
 # Samsung's strata: sequence-length bins by their inclusive upper edges (1-128, 129-256, ...).
 BIN_EDGES = (128, 256, 384, 512)
-
-# MLPerf Training's closed division fixes BERT's optimizer: the rules' hyperparameter table lists
-# LAMB's keys as the ones a submitter may choose, and the official checker's closed_bert.yaml
-# requires opt_lamb_epsilon, opt_lamb_beta_1/2 and opt_lamb_weight_decay_rate. Its schedule is the
-# reference's (optim.schedule nvidia) decaying over the logged opt_learning_rate_training_steps
-# (optim.max_steps). Anything else, Samsung's ADAM run included, is open division.
-CLOSED_OPTIMIZERS = ("lamb",)
 
 # A rank exits with this (EX_TEMPFAIL) after saving a checkpoint on SIGUSR2/SIGTERM; the job
 # script then requeues the job and the run resumes from the checkpoint.
@@ -206,6 +200,18 @@ class MLPerfConfig(Section):
     ruleset: str = "5.0.0"
     # opt_epsilon and the 398 weights_initialization records that rulesets 1.1.0-2.1.0 require
     legacy_keys: bool = True
+    # a small model run as closed: logged as closed so that the official checker applies its
+    # closed rules, exempt from the BERT rules of the problem's size (closed_rules.py: model, sequence
+    # length, evaluation set and cadence, initial checkpoint); never a result. Left out of run.yaml while
+    # false, so a run.yaml (and a rendered script) shows it exactly where it weakens a closed run.
+    waive_scale_rules: bool = False
+
+    @model_serializer(mode="wrap")
+    def _waiver_only_when_set(self, dump):
+        fields = dump(self)
+        if not self.waive_scale_rules:
+            fields.pop("waive_scale_rules", None)
+        return fields
 
 
 class RunConfig(Section):
@@ -262,23 +268,9 @@ class RunConfig(Section):
         return problems
 
     def closed_division_problems(self) -> list[ConfigProblem]:
-        """What MLPerf's closed division forbids (see CLOSED_OPTIMIZERS); each says to set the division open."""
-        o, t, problems = self.optim, self.train, []
-        if o.name not in CLOSED_OPTIMIZERS:
-            problems.append(ConfigProblem("optim.name", f"{o.name} is not allowed in mlperf.division closed, which allows "
-                                                        f"{' or '.join(CLOSED_OPTIMIZERS)} only: set mlperf.division=open"))
-        if o.schedule != "nvidia":
-            problems.append(ConfigProblem("optim.schedule", f"{o.schedule} is not allowed in mlperf.division closed, which "
-                                                            "takes the reference's schedule (nvidia): set mlperf.division=open"))
-        if o.schedule_horizon != o.max_steps:
-            problems.append(ConfigProblem(
-                "optim.lr_max_steps", f"{o.lr_max_steps} differs from optim.max_steps ({o.max_steps}), which the log reports as "
-                                      "opt_learning_rate_training_steps: not allowed in mlperf.division closed; set it open"))
-        if t.target_accuracy < 0.720:
-            problems.append(ConfigProblem(
-                "train.target_accuracy",
-                f"{t.target_accuracy} is below MLPerf's 0.720: set mlperf.division=open for a lower target"))
-        return problems
+        """What MLPerf's closed division fixes for BERT (trainer/config/closed_rules.py::CLOSED_RULES, the rules
+        as data); each says to set the division open. mlperf.waive_scale_rules keeps the recipe's rules, not the problem's size."""
+        return [ConfigProblem(key, message) for key, message in closed_problems(self, self.mlperf.waive_scale_rules)]
 
     def stream_problems(self) -> list[ConfigProblem]:
         """Each data stream reads batch_size x ranks / streams samples per micro-step (trainer/data/dataset.py):
@@ -302,7 +294,7 @@ class RunConfig(Section):
 
 def mlperf_eval_interval(global_batch_size: int) -> int:
     """Samples between evaluations by the MLPerf BERT rule: floor(0.05*(230.23*GBS + 3e6)/25000)*25000."""
-    return int(math.floor(0.05 * (230.23 * global_batch_size + 3_000_000) / 25_000) * 25_000)
+    return eval_interval_rule(global_batch_size)
 
 
 def load_run_config(path: str) -> RunConfig:
