@@ -40,7 +40,7 @@ from trainer.gradients import GradientSync
 from trainer.loop_state import Counts, Step, first_state, most_sequences_per_step, step_sequences, stop_reason
 from trainer.mlperf import RunLogger
 from trainer.model import BertForPreTraining
-from trainer.optim import build_optimizer, learning_rate, loss_scale, set_learning_rate, take_step
+from trainer.optim import build_optimizer, learning_rate, loss_scale, mlperf_keys, set_learning_rate, take_step
 from trainer.precision import autocast, grad_scaler
 from trainer.progress import ProgressReport, Tally, start_line, synchronize
 from trainer.stragglers import ComputeClock
@@ -74,7 +74,7 @@ class Trainer:
         seed_everything(self.seed, self.env.rank)
 
         self.model = build_model(cfg, self.device)
-        self.mllog.hyperparameters(cfg, self.seed)
+        self.mllog.hyperparameters(cfg, self.seed, mlperf_keys(cfg.optim))
         if cfg.mlperf.legacy_keys:
             self.mllog.weights_initialization(tf_variable_names(self.model))
         self.optimizer = build_optimizer(self.model, cfg.optim, cfg.runtime.kernels == "apex", self.device.type)
