@@ -21,8 +21,17 @@ from trainer.config import ModelConfig, OptimConfig
 from trainer.gradients import clip_, global_norm
 from trainer.mlperf import log_cache_clear
 from trainer.model import BertForPreTraining
-from trainer.optim import (OPTIMIZERS, ACClip, Lamb, build_optimizer, learning_rate, mlperf_keys, parameter_groups,
-                           set_learning_rate, take_step)
+from trainer.optim import (
+    OPTIMIZERS,
+    ACClip,
+    Lamb,
+    build_optimizer,
+    learning_rate,
+    mlperf_keys,
+    parameter_groups,
+    set_learning_rate,
+    take_step,
+)
 
 
 def reference_lamb(params, grads_per_step, lr, wds, betas=(0.9, 0.999), eps=1e-6):

@@ -26,9 +26,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-from torch import nn
-
 from mlperf_logging.mllog import constants as K
+from torch import nn
 
 from trainer.apex_kernels import apex_missing
 from trainer.config import OptimConfig
