@@ -35,6 +35,13 @@ CASES = {
 }
 
 
+def test_every_shipped_cluster_has_a_golden_script():
+    """A new clusters/NAME.yaml fails here until it has a case above (and `make golden` wrote its script)."""
+    from orchestrator.clusters import cluster_files
+
+    assert {cluster for cluster, *_ in CASES.values()} == set(cluster_files())
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_golden_script(case):
     cluster, nexp, program, overrides = CASES[case]
