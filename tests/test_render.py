@@ -3,11 +3,19 @@
 Golden files live in tests/golden/. After an intended change, regenerate them with
     BERTCTL_UPDATE_GOLDEN=1 pytest tests/test_render.py
 and read the diff before committing it.
+
+Every line of a golden script is the rendered one except inside the run configurations' heredocs
+(run.yaml, phase1.yaml): those are checked as data (the whole file, defaults included, read back is
+the validated config; `check_run_configurations`), and the golden keeps only the keys that differ
+from the schema's defaults, the recipe, with `{digest}` for the content hash in the delimiter. So a new
+run key with a default changes no golden file, and a recipe value that changes shows in the diff.
 """
 
 import difflib
+import hashlib
 import json
 import os
+import re
 import shlex
 import stat
 import subprocess
@@ -19,7 +27,7 @@ import yaml
 from conftest import GOLDEN, run_cli
 
 from orchestrator.clusters import load_cluster
-from orchestrator.render import render
+from orchestrator.render import prerequisites, render
 from trainer.config import RunConfig
 
 CASES = {
@@ -42,10 +50,46 @@ def test_every_shipped_cluster_has_a_golden_script():
     assert {cluster for cluster, *_ in CASES.values()} == set(cluster_files())
 
 
+# a run configuration's heredoc, as orchestrator/render.py::heredoc writes it
+RUN_CONFIG_HEREDOC = re.compile(r"^(?P<head>cat > \S+ <<')BERTCTL_(?P<label>RUN_YAML|PHASE1_YAML)_(?P<digest>[0-9a-f]{16})'\n"
+                                r"(?P<body>.*?)^BERTCTL_(?P=label)_(?P=digest)$", re.M | re.S)
+
+
+def run_configurations(text: str) -> dict[str, re.Match]:
+    return {m["label"]: m for m in RUN_CONFIG_HEREDOC.finditer(text)}
+
+
+def check_run_configurations(text: str, cluster, program: str) -> None:
+    """What every rank reads: the whole validated configuration, defaults included, and nothing else."""
+    expected = {"RUN_YAML": cluster.run}
+    if "phase1" in prerequisites(cluster, program):
+        expected["PHASE1_YAML"] = cluster.phase1_run()
+    found = run_configurations(text)
+    assert sorted(found) == sorted(expected)
+    for label, m in found.items():
+        data = yaml.safe_load(m["body"])
+        assert data == expected[label].model_dump(mode="json"), label  # every key, defaults included
+        assert RunConfig.model_validate(data) == expected[label], label
+        assert m["digest"] == hashlib.sha256(m["body"].encode()).hexdigest()[:16], label
+
+
+def golden_form(text: str) -> str:
+    """The script with each run configuration reduced to its keys that differ from the schema's defaults."""
+    def recipe(m: re.Match) -> str:
+        sparse = RunConfig.model_validate(yaml.safe_load(m["body"])).model_dump(mode="json", exclude_defaults=True)
+        body = yaml.safe_dump(sparse, sort_keys=False, width=100)
+        delimiter = f"BERTCTL_{m['label']}_{{digest}}"
+        return f"{m['head']}{delimiter}'\n{body}{delimiter}"
+    return RUN_CONFIG_HEREDOC.sub(recipe, text)
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_golden_script(case):
     cluster, nexp, program, overrides = CASES[case]
-    text = render(load_cluster(cluster, overrides), nexp=nexp, program=program)
+    loaded = load_cluster(cluster, overrides)
+    rendered = render(loaded, nexp=nexp, program=program)
+    check_run_configurations(rendered, loaded.config, program)
+    text = golden_form(rendered)
     path = GOLDEN / f"{case}.sh"
     if os.environ.get("BERTCTL_UPDATE_GOLDEN"):
         path.write_text(text)
