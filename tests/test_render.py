@@ -99,6 +99,19 @@ def test_golden_script(case):
         pytest.fail(f"rendered script differs from {path}:\n{diff}\nIf intended: BERTCTL_UPDATE_GOLDEN=1 pytest {__file__}")
 
 
+def test_the_run_configuration_check_fails_on_a_changed_or_missing_key():
+    """The heredocs are no longer compared as text: the data check must catch what the text diff caught."""
+    loaded = load_cluster("local")
+    text = render(loaded, nexp=1)
+    check_run_configurations(text, loaded.config, "train")
+    body = run_configurations(text)["RUN_YAML"]["body"]
+    for changed in (body.replace("  keep: 3\n", "  keep: 4\n", 1), body.replace("  keep: 3\n", "", 1)):
+        assert changed != body
+        with pytest.raises(AssertionError):
+            check_run_configurations(text.replace(body, changed), loaded.config, "train")
+    assert "  keep: 3\n" not in golden_form(text) and "  lr: 0.01\n" in golden_form(text)  # defaults out, the recipe in
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_scripts_are_valid_bash(case, tmp_path):
     cluster, nexp, program, overrides = CASES[case]
