@@ -94,7 +94,7 @@ def check_data_list(result, shown):
 
 
 def check_data_prepare(result, shown):
-    assert result.code == 0, result.err
+    assert result.code == 0 and result.out.strip().endswith("/datasets/sample"), result.err
 
 
 def check_data_verify(result, shown):
@@ -127,8 +127,12 @@ RUN_HERE = {
 
 @pytest.fixture(scope="module")
 def readme_home(tmp_path_factory) -> Path:
-    """One $BERTCTL_HOME for the README's commands, in README order (data verify reads what prepare built)."""
-    return tmp_path_factory.mktemp("readme-home")
+    """One $BERTCTL_HOME for the README's commands, in README order. It holds the session's sample build
+    (tests/data_helpers.py::sample_home, made by the README's own `bertctl data prepare --dataset sample`),
+    so here that command finds it complete instead of building it a second time, and `data verify` checks it."""
+    from data_helpers import home_with_sample
+
+    return home_with_sample(tmp_path_factory, "readme-home")
 
 
 @pytest.mark.parametrize("command,shown", [c for c in readme_commands() if c[0] in RUN_HERE], ids=lambda v: v[:60])
