@@ -57,7 +57,7 @@ def write_dataset(root: Path, layout: dict) -> None:
 
 def overrides(cluster: str, nodes: int, work: Path) -> list[str]:
     """Only what puts the job on this host: partition, time, scale, paths, this Python."""
-    from orchestrator.clusters import load_cluster
+    from orchestrator.config.clusters import load_cluster
 
     c = load_cluster(cluster).config
     mounts = [{"host": str(work / m.container.strip("/").replace("/", "_")), "container": m.container}
@@ -95,7 +95,7 @@ def stock_image_python(root: Path) -> None:
 def prepare_host(cluster: str, work: Path) -> None:
     from fake_node import dgx_a100
 
-    from orchestrator.clusters import load_cluster
+    from orchestrator.config.clusters import load_cluster
 
     c = load_cluster(cluster).config
     for m in c.container.mounts:

@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 
 from orchestrator import experiments
-from orchestrator.clusters import load_cluster
+from orchestrator.config.clusters import load_cluster
 from orchestrator.experiments import Experiment
 from trainer.config import mlperf_eval_interval
 from trainer.mlperf import EventLog

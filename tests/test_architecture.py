@@ -202,7 +202,7 @@ def test_the_loss_row_names_the_functions_a_training_step_calls():
     from trainer.config import ModelConfig
     from trainer.data.batch import collate
     from trainer.data.layout import Sample
-    from trainer.model import BertForPreTraining
+    from trainer.model.bert import BertForPreTraining
 
     cfg = ModelConfig(num_layers=1, hidden_size=32, num_heads=2, intermediate_size=64, vocab_size=64, max_position_embeddings=64)
     model = BertForPreTraining(cfg)
@@ -224,8 +224,8 @@ def test_the_loss_row_names_the_functions_a_training_step_calls():
         sys.setprofile(None)
     (mlm + nsp).backward()
     row = next(line for line in DOC.splitlines() if line.startswith("| loss |"))
-    taken = {"trainer/mlm_loss.py::masked_lm_loss_sum", "trainer/model.py::nsp_loss_sum"}
-    assert taken <= called and "trainer/model.py::pretraining_loss_sums" not in called
+    taken = {"trainer/model/mlm_loss.py::masked_lm_loss_sum", "trainer/model/bert.py::nsp_loss_sum"}
+    assert taken <= called and "trainer/model/bert.py::pretraining_loss_sums" not in called
     assert all(name in row for name in taken), row
     first_named = PATH_REF.search(row.split("|")[3])
     assert f"{first_named.group(1)}::{first_named.group(2)}" in called  # the row's first function is one training calls

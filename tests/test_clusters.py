@@ -3,7 +3,7 @@
 import pytest
 from conftest import REPO, run_cli
 
-from orchestrator.clusters import cluster_files, load_cluster
+from orchestrator.config.clusters import cluster_files, load_cluster
 from orchestrator.errors import UserError
 
 # every file in clusters/: a new cluster file joins every test below by being there

@@ -16,7 +16,7 @@ from conftest import GOLDEN, REPO, run_cli
 from data_helpers import SMALL, bertctl, digests, worker
 
 from orchestrator import data
-from orchestrator.clusters import load_cluster
+from orchestrator.config.clusters import load_cluster
 from trainer.config import DatasetManifest
 
 
@@ -274,9 +274,9 @@ def test_a_failed_write_exits_1_naming_the_file_and_leaves_no_partial_file(tmp_p
 
 
 def test_a_node_variable_added_in_its_one_place_reaches_training_and_data_jobs_alike(monkeypatch):
-    """orchestrator/render.py::node_environment is the node environment of every job kind: what it adds
+    """orchestrator/rendering/render.py::node_environment is the node environment of every job kind: what it adds
     (here a stand-in for a new node key) is exported by the training script and the data-preparation array."""
-    from orchestrator import render
+    from orchestrator.rendering import render
 
     plain = render.node_environment
     monkeypatch.setattr(render, "node_environment", lambda c: sorted([*plain(c), ("NEW_NODE_KEY", "a b'c")]))

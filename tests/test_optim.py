@@ -15,12 +15,11 @@ from madgrad import MADGRAD
 from synthetic import tiny_run_config
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from orchestrator.clusters import load_cluster
-from trainer.checkpoint import write_model
+from orchestrator.config.clusters import load_cluster
+from trainer.checkpoints.run import write_model
 from trainer.config import ModelConfig, OptimConfig
-from trainer.gradients import clip_, global_norm
 from trainer.mlperf import log_cache_clear
-from trainer.model import BertForPreTraining
+from trainer.model.bert import BertForPreTraining
 from trainer.optim import (
     OPTIMIZERS,
     ACClip,
@@ -32,6 +31,7 @@ from trainer.optim import (
     set_learning_rate,
     take_step,
 )
+from trainer.parallel.gradients import clip_, global_norm
 
 
 def reference_lamb(params, grads_per_step, lr, wds, betas=(0.9, 0.999), eps=1e-6):
@@ -278,7 +278,7 @@ def test_apex_lamb_never_clips(monkeypatch):
 
 def test_apex_without_its_cuda_extensions_is_not_used_and_refused_in_one_line(monkeypatch):
     from trainer.config import RuntimeConfig
-    from trainer.distributed import LaunchError, check_kernels
+    from trainer.parallel.distributed import LaunchError, check_kernels
 
     stand_in_apex(monkeypatch, without="amp_C")
     assert type(build_optimizer(tiny_model(), optim_config("lamb"), use_apex=True, device_type="cuda")) is EXPECTED["lamb"]
@@ -317,7 +317,7 @@ def test_a_checkpoint_round_trip_gives_identical_next_steps(name):
     train_updates(model, opt, cfg, 5, 8)
 
     saved.seek(0)
-    checkpoint = torch.load(saved, map_location="cpu", weights_only=False)  # as trainer/checkpoint.py loads it
+    checkpoint = torch.load(saved, map_location="cpu", weights_only=False)  # as trainer/checkpoints/run.py loads it
     resumed = tiny_model(seed=1)
     resumed.load_state_dict(checkpoint["model"])
     resumed_opt = build_optimizer(resumed, cfg, use_apex=False, device_type="cpu")

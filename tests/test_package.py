@@ -8,9 +8,9 @@ import mllog_factory as f
 import pytest
 from conftest import REPO, run_cli
 
-from orchestrator import package, scoring
-from orchestrator.clusters import cluster_files, load_cluster
+from orchestrator.config.clusters import cluster_files, load_cluster
 from orchestrator.errors import UserError
+from orchestrator.results import package, scoring
 
 
 def system_desc_valid(path: Path, ruleset: str = "5.0.0") -> bool:

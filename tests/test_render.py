@@ -26,8 +26,8 @@ import pytest
 import yaml
 from conftest import GOLDEN, run_cli
 
-from orchestrator.clusters import load_cluster
-from orchestrator.render import prerequisites, render
+from orchestrator.config.clusters import load_cluster
+from orchestrator.rendering.render import prerequisites, render
 from trainer.config import RunConfig
 
 CASES = {
@@ -45,12 +45,12 @@ CASES = {
 
 def test_every_shipped_cluster_has_a_golden_script():
     """A new clusters/NAME.yaml fails here until it has a case above (and `make golden` wrote its script)."""
-    from orchestrator.clusters import cluster_files
+    from orchestrator.config.clusters import cluster_files
 
     assert {cluster for cluster, *_ in CASES.values()} == set(cluster_files())
 
 
-# a run configuration's heredoc, as orchestrator/render.py::heredoc writes it
+# a run configuration's heredoc, as orchestrator/rendering/render.py::heredoc writes it
 RUN_CONFIG_HEREDOC = re.compile(r"^(?P<head>cat > \S+ <<')BERTCTL_(?P<label>RUN_YAML|PHASE1_YAML)_(?P<digest>[0-9a-f]{16})'\n"
                                 r"(?P<body>.*?)^BERTCTL_(?P=label)_(?P=digest)$", re.M | re.S)
 

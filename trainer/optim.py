@@ -12,7 +12,7 @@
 - MADGRAD and ACClip: the trial optimizers of Samsung's v1.1 `optim/` folder (open division only, as is
   Adam: trainer/config/run.py::CLOSED_OPTIMIZERS).
   MADGRAD comes from its authors' `madgrad` package; ACClip is written here from its paper (`ACClip`).
-- Clipping is never done inside an optimizer (trainer/gradients.py clips before the step), and every
+- Clipping is never done inside an optimizer (trainer/parallel/gradients.py clips before the step), and every
   optimizer reads `group["lr"]` at each step, which `set_learning_rate` writes before each update.
 - Schedules: `nvidia_lr` (warmup then linear decay measured from step 0, as the reference) and
   `samsung_lr` (decay measured from the end of warmup over lr_max_steps, clamped to end_lr).
@@ -29,8 +29,8 @@ import torch
 from mlperf_logging.mllog import constants as K
 from torch import nn
 
-from trainer.apex_kernels import apex_missing
 from trainer.config import OptimConfig
+from trainer.model.apex_kernels import apex_missing
 
 NO_DECAY = ("bias", "gamma", "beta", "LayerNorm")
 
@@ -44,7 +44,7 @@ def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 
 class Lamb(torch.optim.Optimizer):
-    """LAMB with MLPerf's conventions (no clipping inside; see trainer/gradients.py for that)."""
+    """LAMB with MLPerf's conventions (no clipping inside; see trainer/parallel/gradients.py for that)."""
 
     def __init__(self, params, lr: float, betas=(0.9, 0.999), eps: float = 1e-6, weight_decay: float = 0.01):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
@@ -249,7 +249,7 @@ def _acclip_keys(cfg: OptimConfig) -> list[tuple[str, object]]:
 def _apex_lamb(groups: list[dict], cfg: OptimConfig) -> torch.optim.Optimizer:
     from apex.optimizers import FusedLAMB  # type: ignore
 
-    # No clipping inside LAMB: it happens before the allreduce (trainer/gradients.py). apex scales the
+    # No clipping inside LAMB: it happens before the allreduce (trainer/parallel/gradients.py). apex scales the
     # gradients by norm / max_grad_norm when the norm exceeds it: with 0 that divides them by
     # infinity (every update would be weight decay alone); with infinity the factor is always 1.
     return FusedLAMB(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.epsilon, weight_decay=cfg.weight_decay,

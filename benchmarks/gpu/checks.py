@@ -39,17 +39,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from trainer.apex_kernels import apex_missing
-from trainer.attention import AttentionUnavailable, flash_attn_installed, varlen_attention
-from trainer.balance import pack_sequences
+from trainer.balance.algorithms import pack_sequences
 from trainer.config import ModelConfig, OptimConfig
 from trainer.data.batch import collate
 from trainer.data.histogram import sample_lengths
 from trainer.data.layout import Sample
-from trainer.model import BertForPreTraining, flops_per_sequence, pretraining_loss_sums
+from trainer.loop.progress import peak_tflops, synchronize
+from trainer.model.apex_kernels import apex_missing
+from trainer.model.attention import AttentionUnavailable, flash_attn_installed, varlen_attention
+from trainer.model.bert import BertForPreTraining, flops_per_sequence, pretraining_loss_sums
+from trainer.model.weights import load_pretrained
 from trainer.optim import build_optimizer, take_step
-from trainer.progress import peak_tflops, synchronize
-from trainer.weights import load_pretrained
 
 from .children import run as run_child
 
@@ -288,9 +288,9 @@ def steady_state_syncs(device: torch.device, precision: str, steps: int = 5) -> 
     from gloo import free_port
     from synthetic import tiny_run_config
 
-    from trainer import distributed
     from trainer.config import load_run_config
-    from trainer.train import RunArgs, Trainer
+    from trainer.loop.train import RunArgs, Trainer
+    from trainer.parallel import distributed
 
     runtime = {"device": device.type, "backend": "nccl" if device.type == "cuda" else "gloo", "unpad": True,
                "nccl_warmup_steps": 2}

@@ -4,6 +4,8 @@
 - `dataset`  dataset manifests (`DatasetManifest`, datasets/*.yaml)
 - `paths`    `~` and `$VARS` in configured paths, expanded on the node that uses them
 - `base`     frozen sections, `ConfigProblem` (a broken rule with its key) and `first_problem`
+
+May import: nothing of bertctl beyond this package
 """
 
 from trainer.config.base import ConfigProblem, Section, first_problem
