@@ -361,88 +361,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(fn=fn)
         return p
 
-    def cluster_args(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--cluster", required=True,
-                       help="a cluster name (see `bertctl clusters`) or a YAML file").completer = complete_clusters
-        p.add_argument("-o", dest="override", action="append", default=[], metavar="KEY.PATH=VALUE",
-                       help="override one value of the cluster file, e.g. -o run.optim.lr=1e-3 (repeatable)"
-                       ).completer = complete_keys
-        p.add_argument("--nexp", type=_run_count, default=1, help="number of runs (MLPerf BERT needs 10)")
-        p.add_argument("--probe", action="store_true",
-                       help="run the launch-path probe instead of training: every rank reports rank, node and devices")
-
-    verb("clusters", cmd_clusters, "list the cluster files, one line each")
-    cluster_args(verb("render", cmd_render, "print the exact script `submit` would submit"))
-    p = verb("submit", cmd_submit, "submit an experiment of NEXP runs; prints its id")
-    cluster_args(p)
-    p.add_argument("--dry-run", action="store_true", help="print the script that would be submitted, submit nothing")
-    p.add_argument("--test-only", action="store_true", help="ask Slurm (sbatch --test-only) whether and when it would run")
-    p.add_argument("--follow", action="store_true", help="stay and stream the runs' logs until the experiment ends")
-    p = verb("status", cmd_status, "experiments and their runs: state, progress, last eval accuracy (newest first)")
-    experiment_arg(p, nargs="?", help_="an experiment id (or unique prefix, or `last`); default: the newest ones")
-    p.add_argument("--state", action="append", type=str.upper, metavar="STATE",
-                   help="only experiments in this state (repeatable): " + ", ".join(STATES))
-    p.add_argument("--cluster", help="only experiments on this cluster").completer = complete_clusters
-    p.add_argument("-n", type=_positive, default=20, metavar="N", help="at most N experiments, newest first (default 20)")
-    p.add_argument("--json", action="store_true", help="one JSON object on stdout instead of the table")
-    p = verb("logs", cmd_logs, "print or follow a run's log")
-    experiment_arg(p)
-    p.add_argument("--run", type=int, help="run index (default: the newest started run)")
-    p.add_argument("--rank", type=int, help="only this rank's lines")
-    p.add_argument("--grep", metavar="PATTERN", help="only lines matching this regular expression")
-    p.add_argument("-n", type=_positive, metavar="N", help="only the last N lines (with -f: then keep following)")
-    p.add_argument("-f", "--follow", action="store_true", help="keep streaming until the run ends")
-    p = verb("cancel", cmd_cancel, "cancel an experiment's job(s)")
-    experiment_arg(p)
-    p = verb("resume", cmd_resume, "continue an experiment's interrupted or failed runs from their latest checkpoints")
-    experiment_arg(p)
-    p.add_argument("--run", type=int, action="append", help="only this run (repeatable; default: every unfinished run)")
-    p.add_argument("--follow", action="store_true", help="stay and stream the runs' logs until the experiment ends")
-    p = verb("rerun", cmd_rerun, "submit an experiment's resolved configuration again, as a new experiment")
-    experiment_arg(p)
-    p.add_argument("-o", dest="override", action="append", default=[], metavar="KEY.PATH=VALUE",
-                   help="change one value of the resolved configuration (repeatable)").completer = complete_keys
-    p.add_argument("--nexp", type=_run_count, help="number of runs (default: the original's)")
-    p.add_argument("--follow", action="store_true", help="stay and stream the runs' logs until the experiment ends")
-    p = verb("diff", cmd_diff, "two experiments side by side: the resolved configuration keys that differ, and results")
-    p.add_argument("first", help="an experiment id (or unique prefix, or `last`)").completer = complete_experiments
-    p.add_argument("second", help="an experiment id (or unique prefix, or `last`)").completer = complete_experiments
-    p.add_argument("--json", action="store_true", help="one JSON object on stdout")
-    p = verb("rehearsal", cmd_rehearsal, "check every rank's report of a launch probe (submit --probe): "
-             "ranks, nodes, GPUs, CPU sets, rendezvous, shards, exchange groups, container, seeds")
-    experiment_arg(p)
-    p.add_argument("--json", action="store_true", help="one JSON object on stdout instead of the table")
-    p = verb("compliance-check", cmd_compliance_check,
-             "judge a set of runs with the official MLPerf tools: checker per log, olympic score, RCP")
-    experiment_arg(p, nargs="?")
-    p.add_argument("--results", metavar="DIR", help="instead of an experiment: an MLPerf result tree or a folder of result_*.txt")
-    p.add_argument("--ruleset", help="the checker's ruleset (default: the experiment's, or a hint from the logs; "
-                                     "5.0.0 is the newest that accepts BERT)")
-    p.add_argument("--werror", action="store_true", help="the checker treats warnings as errors")
-    p.add_argument("--no-score", action="store_true", help="check each log only: any number of runs, no score, no RCP")
-    p.add_argument("--json", action="store_true", help="one JSON object on stdout (the table still goes to stderr)")
-    p = verb("package", cmd_package, "write an experiment as an MLPerf submission package and run the package checker")
-    experiment_arg(p, help_="an experiment id (or unique prefix, or `last`) with 10 runs")
-    p.add_argument("--org", required=True, help="the submitting organisation (the package's top folder)")
-    p.add_argument("--out", required=True, metavar="DIR", help="folder to write ORG/ into")
-    p.add_argument("--system", help="the system's id in the package (default: the cluster name)")
-    p.add_argument("--ruleset", help="the package checker's ruleset (default: the experiment's, 5.0.0)")
-    p = verb("plot", cmd_plot, "draw eval accuracy, training loss and throughput of every run as a PNG; prints its path. "
-             "Several experiments (or --results) are overlaid, one colour and line style each")
-    experiment_arg(p, nargs="*", help_="experiment ids (or unique prefixes, or `last`); two or more are overlaid")
-    p.add_argument("--results", metavar="DIR", action="append",
-                   help="an MLPerf result tree or a folder of result_*.txt (repeatable; overlaid with any experiments)")
-    p.add_argument("--out", metavar="PNG", help="where to write the PNG (default: convergence.png in the experiment; "
-                   "for an overlay or --results, convergence_<names>.png here)")
-    p = verb("preflight", cmd_preflight, "measure every node before a run (matmul, memory copy, all-reduce busbw "
-             "within nodes, across all and between node pairs, shard reads, training steps) and flag the slow ones")
-    p.add_argument("--cluster", required=True,
-                   help="a cluster name (see `bertctl clusters`) or a YAML file").completer = complete_clusters
-    p.add_argument("-o", dest="override", action="append", default=[], metavar="KEY.PATH=VALUE",
-                   help="override one value of the cluster file (repeatable)").completer = complete_keys
-    p.add_argument("--threshold", type=float, default=10.0, metavar="N",
-                   help="flag a node N %% or more below the median node on any measure (default 10)")
-    p.add_argument("--json", action="store_true", help="one JSON object on stdout instead of the tables")
+    for name, fn, help_, arguments in VERBS:
+        arguments(verb(name, fn, help_))
     add_data_verbs(verb)
     # listed here for --help; main() hands its arguments to the simulator untouched
     verbs.add_parser("balance", help="simulate load balance across ranks on the real length histogram: "
@@ -456,6 +376,134 @@ STATES = ("PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "
 def experiment_arg(p: argparse.ArgumentParser, nargs: str | None = None,
                    help_: str = "an experiment id (or unique prefix, or `last`)") -> None:
     p.add_argument("experiment", nargs=nargs, help=help_).completer = complete_experiments
+
+
+# ---- each verb's arguments, one function per verb (VERBS lists them in --help's order)
+
+def cluster_args(p: argparse.ArgumentParser) -> None:
+    """`render` and `submit`: the cluster, its overrides, the run count."""
+    p.add_argument("--cluster", required=True,
+                   help="a cluster name (see `bertctl clusters`) or a YAML file").completer = complete_clusters
+    p.add_argument("-o", dest="override", action="append", default=[], metavar="KEY.PATH=VALUE",
+                   help="override one value of the cluster file, e.g. -o run.optim.lr=1e-3 (repeatable)"
+                   ).completer = complete_keys
+    p.add_argument("--nexp", type=_run_count, default=1, help="number of runs (MLPerf BERT needs 10)")
+    p.add_argument("--probe", action="store_true",
+                   help="run the launch-path probe instead of training: every rank reports rank, node and devices")
+
+
+def no_args(p: argparse.ArgumentParser) -> None:
+    """`clusters` takes none."""
+
+
+def submit_args(p: argparse.ArgumentParser) -> None:
+    cluster_args(p)
+    p.add_argument("--dry-run", action="store_true", help="print the script that would be submitted, submit nothing")
+    p.add_argument("--test-only", action="store_true", help="ask Slurm (sbatch --test-only) whether and when it would run")
+    p.add_argument("--follow", action="store_true", help="stay and stream the runs' logs until the experiment ends")
+
+
+def status_args(p: argparse.ArgumentParser) -> None:
+    experiment_arg(p, nargs="?", help_="an experiment id (or unique prefix, or `last`); default: the newest ones")
+    p.add_argument("--state", action="append", type=str.upper, metavar="STATE",
+                   help="only experiments in this state (repeatable): " + ", ".join(STATES))
+    p.add_argument("--cluster", help="only experiments on this cluster").completer = complete_clusters
+    p.add_argument("-n", type=_positive, default=20, metavar="N", help="at most N experiments, newest first (default 20)")
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout instead of the table")
+
+
+def logs_args(p: argparse.ArgumentParser) -> None:
+    experiment_arg(p)
+    p.add_argument("--run", type=int, help="run index (default: the newest started run)")
+    p.add_argument("--rank", type=int, help="only this rank's lines")
+    p.add_argument("--grep", metavar="PATTERN", help="only lines matching this regular expression")
+    p.add_argument("-n", type=_positive, metavar="N", help="only the last N lines (with -f: then keep following)")
+    p.add_argument("-f", "--follow", action="store_true", help="keep streaming until the run ends")
+
+
+def resume_args(p: argparse.ArgumentParser) -> None:
+    experiment_arg(p)
+    p.add_argument("--run", type=int, action="append", help="only this run (repeatable; default: every unfinished run)")
+    p.add_argument("--follow", action="store_true", help="stay and stream the runs' logs until the experiment ends")
+
+
+def rerun_args(p: argparse.ArgumentParser) -> None:
+    experiment_arg(p)
+    p.add_argument("-o", dest="override", action="append", default=[], metavar="KEY.PATH=VALUE",
+                   help="change one value of the resolved configuration (repeatable)").completer = complete_keys
+    p.add_argument("--nexp", type=_run_count, help="number of runs (default: the original's)")
+    p.add_argument("--follow", action="store_true", help="stay and stream the runs' logs until the experiment ends")
+
+
+def diff_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("first", help="an experiment id (or unique prefix, or `last`)").completer = complete_experiments
+    p.add_argument("second", help="an experiment id (or unique prefix, or `last`)").completer = complete_experiments
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+
+
+def rehearsal_args(p: argparse.ArgumentParser) -> None:
+    experiment_arg(p)
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout instead of the table")
+
+
+def compliance_check_args(p: argparse.ArgumentParser) -> None:
+    experiment_arg(p, nargs="?")
+    p.add_argument("--results", metavar="DIR", help="instead of an experiment: an MLPerf result tree or a folder of result_*.txt")
+    p.add_argument("--ruleset", help="the checker's ruleset (default: the experiment's, or a hint from the logs; "
+                                     "5.0.0 is the newest that accepts BERT)")
+    p.add_argument("--werror", action="store_true", help="the checker treats warnings as errors")
+    p.add_argument("--no-score", action="store_true", help="check each log only: any number of runs, no score, no RCP")
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout (the table still goes to stderr)")
+
+
+def package_args(p: argparse.ArgumentParser) -> None:
+    experiment_arg(p, help_="an experiment id (or unique prefix, or `last`) with 10 runs")
+    p.add_argument("--org", required=True, help="the submitting organisation (the package's top folder)")
+    p.add_argument("--out", required=True, metavar="DIR", help="folder to write ORG/ into")
+    p.add_argument("--system", help="the system's id in the package (default: the cluster name)")
+    p.add_argument("--ruleset", help="the package checker's ruleset (default: the experiment's, 5.0.0)")
+
+
+def plot_args(p: argparse.ArgumentParser) -> None:
+    experiment_arg(p, nargs="*", help_="experiment ids (or unique prefixes, or `last`); two or more are overlaid")
+    p.add_argument("--results", metavar="DIR", action="append",
+                   help="an MLPerf result tree or a folder of result_*.txt (repeatable; overlaid with any experiments)")
+    p.add_argument("--out", metavar="PNG", help="where to write the PNG (default: convergence.png in the experiment; "
+                   "for an overlay or --results, convergence_<names>.png here)")
+
+
+def preflight_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cluster", required=True,
+                   help="a cluster name (see `bertctl clusters`) or a YAML file").completer = complete_clusters
+    p.add_argument("-o", dest="override", action="append", default=[], metavar="KEY.PATH=VALUE",
+                   help="override one value of the cluster file (repeatable)").completer = complete_keys
+    p.add_argument("--threshold", type=float, default=10.0, metavar="N",
+                   help="flag a node N %% or more below the median node on any measure (default 10)")
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout instead of the tables")
+
+
+# (verb, its cmd_* function, its help, its arguments), in --help's order; `data`, `convert-checkpoint`
+# (add_data_verbs) and `balance` follow
+VERBS = [
+    ("clusters", cmd_clusters, "list the cluster files, one line each", no_args),
+    ("render", cmd_render, "print the exact script `submit` would submit", cluster_args),
+    ("submit", cmd_submit, "submit an experiment of NEXP runs; prints its id", submit_args),
+    ("status", cmd_status, "experiments and their runs: state, progress, last eval accuracy (newest first)", status_args),
+    ("logs", cmd_logs, "print or follow a run's log", logs_args),
+    ("cancel", cmd_cancel, "cancel an experiment's job(s)", experiment_arg),
+    ("resume", cmd_resume, "continue an experiment's interrupted or failed runs from their latest checkpoints", resume_args),
+    ("rerun", cmd_rerun, "submit an experiment's resolved configuration again, as a new experiment", rerun_args),
+    ("diff", cmd_diff, "two experiments side by side: the resolved configuration keys that differ, and results", diff_args),
+    ("rehearsal", cmd_rehearsal, "check every rank's report of a launch probe (submit --probe): "
+     "ranks, nodes, GPUs, CPU sets, rendezvous, shards, exchange groups, container, seeds", rehearsal_args),
+    ("compliance-check", cmd_compliance_check,
+     "judge a set of runs with the official MLPerf tools: checker per log, olympic score, RCP", compliance_check_args),
+    ("package", cmd_package, "write an experiment as an MLPerf submission package and run the package checker", package_args),
+    ("plot", cmd_plot, "draw eval accuracy, training loss and throughput of every run as a PNG; prints its path. "
+     "Several experiments (or --results) are overlaid, one colour and line style each", plot_args),
+    ("preflight", cmd_preflight, "measure every node before a run (matmul, memory copy, all-reduce busbw "
+     "within nodes, across all and between node pairs, shard reads, training steps) and flag the slow ones", preflight_args),
+]
 
 
 # ---- shell completion (argcomplete): `eval "$(register-python-argcomplete bertctl)"`

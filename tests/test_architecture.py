@@ -69,6 +69,33 @@ def test_every_named_file_and_function_exists(path, symbol):
         assert defines(REPO / path, symbol), f"ARCHITECTURE.md names {path}::{symbol}, which is not defined there"
 
 
+def recipes() -> dict[str, list[str]]:
+    """ARCHITECTURE.md's "To add X, change Y" rows: what is added -> the files its second column lists."""
+    section = DOC.split("## To add X, change Y", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split(" | ") for line in section.splitlines() if line.startswith("| ") and not line.startswith("| to add")]
+    return {row[0].lstrip("| "): [f.strip() for f in row[1].split(";")] for row in rows}
+
+
+def test_the_recipes_are_there():
+    assert {"a cluster key (e.g. `slurm.reservation`)", "a run key (`run.<section>.<key>`)", "an optimizer",
+            "a dataset manifest", "a CLI verb", "a cluster file"} <= set(recipes())
+
+
+@pytest.mark.parametrize("recipe", sorted(recipes()))
+def test_each_recipe_lists_files_that_exist(recipe):
+    files = recipes()[recipe]
+    assert files
+    for entry in files:
+        path = (PATH_REF.search(entry) or re.search(r"README\.md|ARCHITECTURE\.md", entry))
+        assert path, f"{recipe}: {entry!r} names no file"
+        pattern = re.sub(r"/(NAME|X)\.", "/*.", path[1] if path.re is PATH_REF else path[0])
+        assert list(REPO.glob(pattern)), f"{recipe}: {pattern} does not exist"
+
+
+def test_a_new_run_key_touches_at_most_five_files():
+    assert len(recipes()["a run key (`run.<section>.<key>`)"]) <= 5
+
+
 def code_names() -> list[str]:
     return sorted({n for n in re.findall(r"`([^`\s]+)`", DOC) if CODE_NAME.match(n) and n not in NOT_CODE})
 

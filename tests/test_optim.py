@@ -20,7 +20,17 @@ from trainer.checkpoints.run import write_model
 from trainer.config import ModelConfig, OptimConfig
 from trainer.mlperf import log_cache_clear
 from trainer.model.bert import BertForPreTraining
-from trainer.optim import ACClip, Lamb, build_optimizer, learning_rate, parameter_groups, set_learning_rate, take_step
+from trainer.optim import (
+    OPTIMIZERS,
+    ACClip,
+    Lamb,
+    build_optimizer,
+    learning_rate,
+    mlperf_keys,
+    parameter_groups,
+    set_learning_rate,
+    take_step,
+)
 from trainer.parallel.gradients import clip_, global_norm
 
 
@@ -427,7 +437,7 @@ def test_the_log_carries_the_keys_of_the_optimizer_in_use_only(tmp_path, name, k
         mlperf={"division": division, "waive_scale_rules": True}).read_text()))
     path = tmp_path / "result_0.txt"
     log = RunLogger(path, enabled=True)
-    log.hyperparameters(cfg, seed=3)
+    log.hyperparameters(cfg, seed=3, optimizer_keys=mlperf_keys(cfg.optim))
     log.close()
     events = {e["key"]: e["value"] for e in (json.loads(line.split(":::MLLOG ", 1)[1]) for line in path.read_text().splitlines())}
     optimizer = {k: v for k, v in events.items() if k.startswith("opt_") and not k.startswith(("opt_learning_rate", "opt_base"))}
@@ -436,3 +446,12 @@ def test_the_log_carries_the_keys_of_the_optimizer_in_use_only(tmp_path, name, k
     assert sorted(v for k, v in optimizer.items() if k != "opt_name") == sorted(
         {"lamb": [0.02, 0.8, 0.95, 1.0, 1e-8, 1e-8], "adam": [0.02, 0.8, 0.95, 1e-8], "madgrad": [0.02, 0.8, 1e-8],
          "acclip": [0.02, 0.8, 0.95, 1e-8]}[name])
+
+
+def test_an_optimizer_that_declares_no_keys_logs_none_rather_than_invented_ones(monkeypatch):
+    """The keys live beside the builder (trainer/optim.py::OPTIMIZERS): a name without an entry there is
+    an error, never `opt_<name>_beta_1` made up from its name."""
+    cfg = optim_config("lamb").model_copy(update={"name": "sgd"})
+    with pytest.raises(ValueError, match="optim.name: no optimizer named 'sgd'; expected one of lamb, adam, madgrad, acclip"):
+        mlperf_keys(cfg)
+    assert set(OPTIMIZERS) == set(CONFIG_NAMES)  # every schema name declares its keys

@@ -72,7 +72,7 @@ def array_groups(total: int, max_array_tasks: int) -> tuple[int, int]:
 def render_stage(loaded: LoadedManifest, cluster, stage: str, tasks: int, stages: list[str], position: int,
                  after: str | None) -> str:
     """The sbatch script of one stage: a pure function of its arguments."""
-    from orchestrator.rendering.render import render_template
+    from orchestrator.rendering.render import container_mounts, node_environment, render_template
 
     c = cluster.config
     array_size, group_size = array_groups(tasks, loaded.config.prepare.array_tasks)
@@ -81,7 +81,7 @@ def render_stage(loaded: LoadedManifest, cluster, stage: str, tasks: int, stages
         dataset=loaded.config.name, stage=stage, stages=stages, position=position, tasks=tasks,
         array_size=array_size, group_size=group_size, after=after, c=c,
         sbatch_options=data_sbatch_options(c, loaded.config.name, stage, array_size, after),
-        env=sorted(c.node.env.items()), mounts=",".join(f"{m.host}:{m.container}" for m in c.container.mounts),
+        env=node_environment(c), mounts=container_mounts(c),
         submit_command=shlex.join(["bertctl", "data", "prepare", "--dataset", loaded.config.name, "--cluster", c.name,
                                    *[w for o in (*loaded.overrides, *cluster.overrides) for w in ("-o", o)]]),
     )

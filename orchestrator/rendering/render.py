@@ -68,8 +68,8 @@ def context(req: RenderRequest) -> dict:
         "seeds": seeds(c, req.nexp),
         "sbatch_options": sbatch_options(c, req.nexp),
         "submit_command": submit_command(req),
-        "env": sorted(c.node.env.items()),
-        "mounts": ",".join(f"{m.host}:{m.container}" for m in c.container.mounts),
+        "env": node_environment(c),
+        "mounts": container_mounts(c),
         "run_yaml": c.run.to_yaml(),
         "prerequisites": prerequisites(c, req.program),
         "phase1_yaml": c.phase1_run().to_yaml() if c.prepare.phase1 else None,
@@ -78,6 +78,18 @@ def context(req: RenderRequest) -> dict:
         "local_command": local_command(c, req.program),
         "requeue_exit_code": REQUEUE_EXIT_CODE,
     }
+
+
+def node_environment(c: ClusterConfig) -> list[tuple[str, str]]:
+    """The variables every job of a cluster exports on its nodes, training and data-preparation
+    arrays alike (templates/_node_env.sh.j2 writes them): a node key that becomes a variable is
+    added here once and reaches every job kind."""
+    return sorted(c.node.env.items())
+
+
+def container_mounts(c: ClusterConfig) -> str:
+    """`--container-mounts`' value for every job kind: host:container pairs, comma-separated."""
+    return ",".join(f"{m.host}:{m.container}" for m in c.container.mounts)
 
 
 def prerequisites(c: ClusterConfig, program: Program) -> list[str]:

@@ -43,7 +43,7 @@ from trainer.loop.warmup import warm_up
 from trainer.mlperf import RunLogger
 from trainer.model.bert import BertForPreTraining
 from trainer.model.weights import WeightsError, load_pretrained_file, tf_variable_names
-from trainer.optim import build_optimizer, learning_rate, loss_scale, set_learning_rate, take_step
+from trainer.optim import build_optimizer, learning_rate, loss_scale, mlperf_keys, set_learning_rate, take_step
 from trainer.parallel import distributed
 from trainer.parallel.exchange import build_exchange
 from trainer.parallel.gradients import GradientSync
@@ -75,7 +75,7 @@ class Trainer:
         seed_everything(self.seed, self.env.rank)
 
         self.model = build_model(cfg, self.device)
-        self.mllog.hyperparameters(cfg, self.seed)
+        self.mllog.hyperparameters(cfg, self.seed, mlperf_keys(cfg.optim))
         if cfg.mlperf.legacy_keys:
             self.mllog.weights_initialization(tf_variable_names(self.model))
         self.optimizer = build_optimizer(self.model, cfg.optim, cfg.runtime.kernels == "apex", self.device.type)
