@@ -1,0 +1,121 @@
+"""The fast step's parts on the CPU: fixed-shape packed batches, the packed attention operator (its
+reference kernel here; the flash kernel on a GPU, where one is present), and the fast step against
+the reference step."""
+
+import numpy as np
+import pytest
+import torch
+
+from trainer.attention import per_sequence_attention
+from trainer.data.batch import IGNORE, Capacity, CapacityError, collate, fixed_shape
+from trainer.data.layout import Sample
+from trainer.flash_varlen import packed_attention
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+def sample(length: int, masked: int, rng: np.random.Generator, nsp: int = 0) -> Sample:
+    ids = rng.integers(5, 500, length)
+    positions = np.sort(rng.choice(np.arange(1, length), masked, replace=False))
+    return Sample(input_ids=ids, segment_ids=(np.arange(length) >= length // 2).astype(np.int64),
+                  masked_lm_positions=positions, masked_lm_ids=ids[positions], next_sentence_label=nsp)
+
+
+def packed_samples(rng, lengths=(100, 20, 60, 128, 50)):
+    return [sample(n, max(1, n // 7), rng, i % 2) for i, n in enumerate(lengths)]
+
+
+# ---- fixed shapes ---------------------------------------------------------------------------------
+
+def test_a_fixed_shape_batch_has_the_same_sizes_whatever_its_samples():
+    rng = np.random.default_rng(0)
+    cap = Capacity.of_packs(packs=3, max_seq_length=128, per_pack=3, max_predictions=20)
+    shapes = set()
+    for lengths in [(100, 20, 60, 128, 50), (128, 128, 7), (9,)]:
+        batch = fixed_shape(collate(packed_samples(rng, lengths), unpadded=True), cap)
+        shapes.add(tuple((name, tuple(getattr(batch, name).shape)) for name in (
+            "input_ids", "segment_ids", "position_ids", "cu_seqlens", "mlm_positions", "mlm_labels", "nsp_labels",
+            "first_tokens")))
+        assert batch.max_seqlen == 128 and batch.static
+    assert len(shapes) == 1
+    assert dict(shapes.pop())["cu_seqlens"] == (cap.sequences + 3 + 1,)
+
+
+def test_padding_tokens_form_segments_of_at_most_max_seqlen_and_every_row_is_covered():
+    rng = np.random.default_rng(1)
+    cap = Capacity.of_packs(packs=3, max_seq_length=128, per_pack=3, max_predictions=20)
+    plain = collate(packed_samples(rng, (30, 9)), unpadded=True)  # 39 real tokens, 345 padding
+    batch = fixed_shape(plain, cap)
+    cu = batch.cu_seqlens.tolist()
+    assert cu[:3] == [0, 30, 39] and cu[-1] == cap.tokens == 384
+    segments = np.diff(cu)
+    assert segments.min() >= 0 and segments.max() <= 128
+    assert segments[2:5].tolist() == [128, 128, 89] and not segments[5:].any()  # the padding, then empty ones
+    assert batch.position_ids.max() < 128 and batch.position_ids[39:167].tolist() == list(range(128))
+    # the real part is the plain batch's, and the real counts stay on the host
+    assert torch.equal(batch.input_ids[:39], plain.input_ids) and not batch.input_ids[39:].any()
+    assert batch.num_sequences == 2 and batch.num_masked == plain.num_masked and batch.num_tokens == 39
+    real = batch.mlm_labels != IGNORE
+    assert real.sum() == plain.num_masked and torch.equal(batch.mlm_positions[real], plain.mlm_positions)
+    assert (batch.nsp_labels != IGNORE).sum() == 2
+
+
+@pytest.mark.parametrize("field,lengths,key", [
+    ("sequences", (10,) * 10, "balance.pack_sequences"),
+    ("tokens", (128,) * 4, "train.batch_size"),
+])
+def test_a_batch_past_a_bound_is_refused_naming_the_key(field, lengths, key):
+    cap = Capacity.of_packs(packs=3, max_seq_length=128, per_pack=3, max_predictions=20)
+    batch = collate(packed_samples(np.random.default_rng(2), lengths), unpadded=True)
+    with pytest.raises(CapacityError, match=key) as raised:
+        fixed_shape(batch, cap)
+    assert field in str(raised.value) and "\n" not in str(raised.value)
+
+
+# ---- the packed attention operator -----------------------------------------------------------------
+
+def stream(device, dtype, lengths, heads=2, dim=16, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    tokens = sum(lengths)
+    q, k, v = (torch.randn(tokens, heads, dim, generator=generator).to(device, dtype).requires_grad_() for _ in range(3))
+    cu = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32, device=device)
+    return q, k, v, cu
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_packed_attention_equals_the_per_sequence_reference_forward_and_backward_empty_segments_included(device):
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32  # cuda: the flash kernel itself
+    lengths = [37, 0, 64, 5, 0, 0, 22, 0]
+    q, k, v, cu = stream(device, dtype, lengths)
+    grad = torch.randn(q.shape, generator=torch.Generator().manual_seed(9)).to(device, dtype)
+    out = packed_attention(q, k, v, cu, 64, 0.0)
+    got = torch.autograd.grad(out, (q, k, v), grad)
+    real = [n for n in lengths if n]
+    q32, k32, v32 = (x.detach().float().requires_grad_() for x in (q, k, v))
+    ref = per_sequence_attention(q32, k32, v32, real, 0.0)
+    want = torch.autograd.grad(ref, (q32, k32, v32), grad.float())
+    tolerance = 2e-2 if dtype == torch.bfloat16 else 1e-5
+    assert torch.isfinite(out).all()
+    assert (out.float() - ref).abs().max() < tolerance
+    for g, w in zip(got, want):
+        assert (g.float() - w).abs().max() < tolerance
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_attention_dropout_keeps_nine_in_ten_weights_and_its_backward_uses_the_forwards_mask(device):
+    """Equal scores (q = 0) and v = 1: each output is the kept fraction of its row over 1 - p, so
+    its mean is 1 and its variance p / ((1 - p) L); the gradient of sum(out) wrt v sums the same
+    dropped weights, so it must add up to sum(out) exactly."""
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    length, p = 256, 0.1
+    q = torch.zeros(2 * length, 2, 16, device=device, dtype=dtype, requires_grad=True)
+    k = torch.zeros_like(q, requires_grad=True)
+    v = torch.ones_like(q, requires_grad=True)
+    cu = torch.tensor([0, length, 2 * length, 2 * length], dtype=torch.int32, device=device)
+    out = packed_attention(q, k, v, cu, length, p)
+    row = out[..., 0].float()
+    assert abs(row.mean().item() - 1.0) < 0.01
+    assert abs(row.var().item() / (p / ((1 - p) * length)) - 1.0) < 0.2
+    out.sum().backward()
+    assert torch.allclose(v.grad.float().sum(), out.float().sum(), rtol=1e-3)
+    assert not torch.equal(out, packed_attention(q, k, v, cu, length, p))  # a fresh mask per call
