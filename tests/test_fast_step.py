@@ -7,9 +7,12 @@ import pytest
 import torch
 
 from trainer.attention import per_sequence_attention
+from trainer.config import ModelConfig
 from trainer.data.batch import IGNORE, Capacity, CapacityError, collate, fixed_shape
 from trainer.data.layout import Sample
+from trainer.fast_step import CompiledForward
 from trainer.flash_varlen import packed_attention
+from trainer.model import BertForPreTraining
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
@@ -119,3 +122,49 @@ def test_attention_dropout_keeps_nine_in_ten_weights_and_its_backward_uses_the_f
     out.sum().backward()
     assert torch.allclose(v.grad.float().sum(), out.float().sum(), rtol=1e-3)
     assert not torch.equal(out, packed_attention(q, k, v, cu, length, p))  # a fresh mask per call
+
+
+# ---- the model on the fast step's batches --------------------------------------------------------
+
+TINY = ModelConfig(num_layers=2, hidden_size=32, num_heads=2, intermediate_size=64, vocab_size=512,
+                   max_position_embeddings=128, hidden_dropout=0.0, attention_dropout=0.0)
+
+
+def loss_and_grads(model, batch):
+    model.zero_grad()
+    mlm, nsp = model(batch, loss_sums=True)
+    (mlm / batch.num_masked + nsp / batch.num_sequences).backward()
+    return mlm.item(), nsp.item(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def test_the_fast_batch_gives_the_reference_steps_loss_and_gradients():
+    torch.manual_seed(0)
+    model = BertForPreTraining(TINY, attention="per_sequence").train()
+    samples = packed_samples(np.random.default_rng(3))
+    plain = collate(samples, unpadded=True)
+    fast = fixed_shape(plain, Capacity.of_packs(packs=4, max_seq_length=128, per_pack=3, max_predictions=20))
+    reference, got = loss_and_grads(model, plain), loss_and_grads(model, fast)
+    assert got[0] == pytest.approx(reference[0], rel=1e-5) and got[1] == pytest.approx(reference[1], rel=1e-5)
+    assert got[2].keys() == reference[2].keys()
+    for name, grad in reference[2].items():
+        assert (got[2][name] - grad).abs().max() <= 1e-5 * max(1.0, grad.abs().max().item()), name
+
+
+def test_one_compilation_serves_every_fast_batch():
+    """Batches of different sequence counts, lengths and masked counts: dynamo compiles the model once
+    (a backend that counts its graphs; the CPU's inductor is not needed for that)."""
+    graphs = []
+
+    def counting(graph, inputs):
+        graphs.append(graph)
+        return graph.forward
+
+    torch.manual_seed(0)
+    model = BertForPreTraining(TINY).train()
+    forward = CompiledForward(model, backend=counting)
+    cap = Capacity.of_packs(packs=3, max_seq_length=128, per_pack=3, max_predictions=20)
+    rng = np.random.default_rng(4)
+    for lengths in [(100, 20, 60, 128, 50), (128, 128, 7), (9,), (64, 64, 64, 64, 30)]:
+        mlm, nsp = forward(fixed_shape(collate(packed_samples(rng, lengths), unpadded=True), cap))
+        assert torch.isfinite(mlm) and torch.isfinite(nsp)
+    assert forward.failed is None and len(graphs) == 1

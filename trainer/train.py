@@ -31,11 +31,12 @@ from torch.nn.parallel import DistributedDataParallel
 from trainer import distributed
 from trainer.checkpoint import UNWRITABLE, OutputError, RunCheckpoint, StopSignal, run_checkpoints, write_model
 from trainer.config import REQUEUE_EXIT_CODE, PathError, RunConfig, expand_path, first_problem, load_run_config
-from trainer.data.batch import Batch, collate
+from trainer.data.batch import Batch, CapacityError
 from trainer.data.dataset import DataError, TrainData
 from trainer.data.layout import ShardError
 from trainer.evaluate import build_evaluator
 from trainer.exchange import build_exchange
+from trainer.fast_step import CompiledForward, device_counts, make_batch
 from trainer.gradients import GradientSync
 from trainer.loop_state import Counts, Step, first_state, most_sequences_per_step, step_sequences, stop_reason
 from trainer.mlperf import RunLogger
@@ -47,7 +48,7 @@ from trainer.stragglers import ComputeClock
 from trainer.warmup import warm_up
 from trainer.weights import WeightsError, load_pretrained_file, tf_variable_names
 
-USER_ERRORS = (distributed.LaunchError, DataError, ShardError, WeightsError, PathError, OutputError)
+USER_ERRORS = (distributed.LaunchError, DataError, ShardError, WeightsError, PathError, OutputError, CapacityError)
 
 
 @dataclass
@@ -83,6 +84,10 @@ class Trainer:
         self.exchange = build_exchange(cfg.balance, cfg.data, self.device, self.env.world_size)
         self.scaler = grad_scaler(cfg.runtime, self.device)
         self.autocast = partial(autocast, cfg.runtime.precision, self.device.type)  # the forward's mixed precision
+        self.forward = self.ddp or self.model  # batch, loss_sums=True -> the loss sums
+        if cfg.fast_step and cfg.runtime.compile:  # the whole model, compiled once for the fixed shapes
+            compiled = CompiledForward(self.forward, cuda_graph=cfg.runtime.cuda_graph)
+            self.forward = lambda batch, loss_sums: compiled(batch)
 
         self.data = TrainData(cfg.data, cfg.balance, cfg.train.batch_size, self.env.rank, self.env.world_size, self.seed,
                               vocab_size=cfg.model.vocab_size)
@@ -145,7 +150,7 @@ class Trainer:
         samples, packs = self.data.next_samples()
         if self.exchange:  # redistribute the step's samples (or packs) so ranks get similar token counts
             samples = self.exchange(samples, packs)
-        return collate(samples, unpadded=self.cfg.runtime.unpad).to(self.device)
+        return make_batch(self.cfg, samples).to(self.device)
 
     def train_step(self, micro_batches: list[Batch]) -> Step:
         """One optimizer update over the micro-batches of this step."""
@@ -154,7 +159,10 @@ class Trainer:
         # The loss is normalised by the step's global number of masked tokens and sequences, so it is
         # the same whatever the rank count and however exchange padding distributes the samples. The
         # counts stay on the device: the normalisation needs no host sync.
-        local = torch.tensor([[b.num_masked, b.num_sequences] for b in micro_batches], dtype=torch.float32).sum(0)
+        if self.cfg.fast_step:  # counted from the labels: no host value enters the step
+            local = device_counts(micro_batches)
+        else:
+            local = torch.tensor([[b.num_masked, b.num_sequences] for b in micro_batches], dtype=torch.float32).sum(0)
         masked, sequences = distributed.all_reduce_sum(local.to(self.device, non_blocking=True))
         world = self.env.world_size  # DDP averages gradients over ranks: undo that division
         scale = loss_scale(self.scaler, self.device) if self.scaler else 1.0
@@ -173,9 +181,11 @@ class Trainer:
         """Forward, the loss sums, and backward of mlm_weight * MLM + nsp_weight * NSP (loss-scaled in fp16),
         inside `context`: whether DDP reduces in this backward (GradientSync.micro_step_context)."""
         with context:
+            if self.cfg.runtime.cuda_graph:  # the previous step's graph outputs may be overwritten now
+                torch.compiler.cudagraph_mark_step_begin()
             with self.autocast():
                 with self.clock.forward():
-                    mlm, nsp = (self.ddp or self.model)(batch, loss_sums=True)
+                    mlm, nsp = self.forward(batch, loss_sums=True)
             loss = mlm * mlm_weight + nsp * nsp_weight
             (self.scaler.scale(loss) if self.scaler else loss).backward()
         return mlm, nsp
@@ -257,8 +267,9 @@ class Trainer:
 
 
 def build_model(cfg: RunConfig, device: torch.device) -> BertForPreTraining:
+    # the fast step compiles the whole model (Trainer.forward), not the pointwise tails alone
     model = BertForPreTraining(cfg.model, fused_kernels=cfg.runtime.kernels == "apex",
-                               attention=cfg.runtime.attention, compile=cfg.runtime.compile)
+                               attention=cfg.runtime.attention, compile=cfg.runtime.compile and not cfg.fast_step)
     if cfg.train.init_checkpoint:
         load_pretrained_file(model, expand_path(cfg.train.init_checkpoint))
     return model.to(device).train()
