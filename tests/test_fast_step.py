@@ -2,6 +2,8 @@
 reference kernel here; the flash kernel on a GPU, where one is present), and the fast step against
 the reference step."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -168,3 +170,39 @@ def test_one_compilation_serves_every_fast_batch():
         mlm, nsp = forward(fixed_shape(collate(packed_samples(rng, lengths), unpadded=True), cap))
         assert torch.isfinite(mlm) and torch.isfinite(nsp)
     assert forward.failed is None and len(graphs) == 1
+
+
+# ---- the trainer -----------------------------------------------------------------------------------
+
+def trained_losses(tmp_path, monkeypatch, step: str) -> list[float]:
+    """Losses of 4 packed steps of the tiny synthetic run (dropout off), in-process."""
+    from gloo import free_port
+    from synthetic import tiny_run_config
+
+    from trainer import distributed
+    from trainer.config import load_run_config
+    from trainer.train import RunArgs, Trainer
+
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    config = tiny_run_config(tmp_path / step, balance={"packing": True, "pack_sequences": 3, "pack_average": 2,
+                                                       "pack_window": 64},
+                             model={"hidden_dropout": 0.0, "attention_dropout": 0.0}, runtime={"unpad": True, "step": step},
+                             optim={"max_steps": 4}, train={"global_batch_size": 16, "eval_every_samples": 10**6,
+                                                            "target_accuracy": 0.99})
+    cfg = load_run_config(str(config))
+    assert cfg.fast_step == (step == "fast")
+    trainer = Trainer(cfg, RunArgs(config=str(config), out=str(tmp_path / step / "out")))
+    try:
+        assert trainer.run() == 0
+    finally:
+        trainer.close()
+        distributed.close()
+    metrics = (tmp_path / step / "out" / "metrics" / "run_0.jsonl").read_text().splitlines()
+    return [json.loads(line)["loss"] for line in metrics]
+
+
+def test_the_trainers_fast_step_trains_like_its_reference_step(tmp_path, monkeypatch):
+    reference = trained_losses(tmp_path, monkeypatch, "reference")
+    fast = trained_losses(tmp_path, monkeypatch, "fast")
+    assert len(fast) == len(reference) == 4
+    assert fast == pytest.approx(reference, rel=1e-4)
