@@ -153,23 +153,28 @@ def test_the_fast_batch_gives_the_reference_steps_loss_and_gradients():
 
 
 def test_one_compilation_serves_every_fast_batch():
-    """Batches of different sequence counts, lengths and masked counts: dynamo compiles the model once
-    (a backend that counts its graphs; the CPU's inductor is not needed for that)."""
-    graphs = []
+    """Batches of different sequence counts, lengths and masked counts, trained under bf16 autocast with
+    attention dropout: dynamo compiles the model once, forward and backward (AOT autograd with a
+    backend that counts its graphs; the CPU's inductor is not needed for that)."""
+    from torch._dynamo.backends.common import aot_autograd
 
-    def counting(graph, inputs):
-        graphs.append(graph)
-        return graph.forward
+    forwards, backwards = [], []
+
+    def counting(into):
+        return lambda graph, inputs: into.append(graph) or graph
 
     torch.manual_seed(0)
-    model = BertForPreTraining(TINY).train()
-    forward = CompiledForward(model, backend=counting)
+    model = BertForPreTraining(TINY.model_copy(update={"attention_dropout": 0.1})).train()
+    forward = CompiledForward(model, backend=aot_autograd(fw_compiler=counting(forwards), bw_compiler=counting(backwards)))
     cap = Capacity.of_packs(packs=3, max_seq_length=128, per_pack=3, max_predictions=20)
     rng = np.random.default_rng(4)
     for lengths in [(100, 20, 60, 128, 50), (128, 128, 7), (9,), (64, 64, 64, 64, 30)]:
-        mlm, nsp = forward(fixed_shape(collate(packed_samples(rng, lengths), unpadded=True), cap))
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            mlm, nsp = forward(fixed_shape(collate(packed_samples(rng, lengths), unpadded=True), cap))
+        (mlm + nsp).backward()
         assert torch.isfinite(mlm) and torch.isfinite(nsp)
-    assert forward.failed is None and len(graphs) == 1
+    assert forward.failed is None and len(forwards) == len(backwards) == 1
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
 
 
 # ---- the trainer -----------------------------------------------------------------------------------

@@ -57,7 +57,7 @@ def _(q, k, v, cu_seqlens, max_seqlen, dropout_p, scale):
         out, lse, rng_state, unused, _ = torch.ops.aten._flash_attention_forward(
             q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, False, False, scale=scale)
         return torch.empty_like(out), torch.empty_like(lse), torch.empty_like(rng_state), torch.empty_like(unused)
-    return torch.empty_like(q), q.new_empty(0), torch.empty(1, dtype=torch.int64), q.new_empty(0)
+    return q.new_empty(q.shape), q.new_empty(0), torch.empty(1, dtype=torch.int64), q.new_empty(0)
 
 
 @torch.library.custom_op("bertctl::packed_attention_backward", mutates_args=())
@@ -73,7 +73,11 @@ def _backward(grad_out: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
 
 @_backward.register_fake
 def _(grad_out, q, k, v, cu_seqlens, out, lse, rng_state, unused, max_seqlen, dropout_p, scale):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    if flash_fits(q):  # the aten op's meta kernel: its gradients' layouts
+        return tuple(torch.empty_like(g) for g in torch.ops.aten._flash_attention_backward(
+            grad_out.contiguous(), q, k, v, out, lse, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, dropout_p, False,
+            rng_state, unused, scale=scale))
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _setup_context(ctx, inputs, output):
@@ -96,7 +100,7 @@ def reference_attention(q, k, v, cu_seqlens, dropout_p: float, scale: float, see
     """Dense attention over [T, heads, D] with a block-diagonal mask (a token sees its segment only),
     dropout's keep mask drawn from a generator seeded with `seed`. In fp32, returned in q's dtype."""
     weights = _softmax_weights(q, k, cu_seqlens, scale) * _dropout_scale(q, dropout_p, seed)
-    return torch.einsum("hts,shd->thd", weights, v.float()).to(q.dtype)
+    return torch.einsum("hts,shd->thd", weights, v.float()).to(q.dtype).contiguous()  # the layout the fake kernel promises
 
 
 def reference_attention_backward(grad_out, q, k, v, cu_seqlens, dropout_p: float, scale: float, seed: int):
@@ -111,7 +115,7 @@ def reference_attention_backward(grad_out, q, k, v, cu_seqlens, dropout_p: float
     grad_scores = weights * (grad_weights - (grad_weights * weights).sum(-1, keepdim=True))
     grad_q = torch.einsum("hts,shd->thd", grad_scores, k.float()) * scale
     grad_k = torch.einsum("hts,thd->shd", grad_scores, q.float()) * scale
-    return grad_q.to(q.dtype), grad_k.to(k.dtype), grad_v.to(v.dtype)
+    return tuple(g.to(x.dtype).contiguous() for g, x in ((grad_q, q), (grad_k, k), (grad_v, v)))
 
 
 def _softmax_weights(q, k, cu_seqlens, scale: float) -> torch.Tensor:
