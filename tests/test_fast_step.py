@@ -211,3 +211,65 @@ def test_the_trainers_fast_step_trains_like_its_reference_step(tmp_path, monkeyp
     fast = trained_losses(tmp_path, monkeypatch, "fast")
     assert len(fast) == len(reference) == 4
     assert fast == pytest.approx(reference, rel=1e-4)
+
+
+# ---- configuration -------------------------------------------------------------------------------
+
+def run_config(**runtime):
+    from trainer.config import RunConfig
+
+    raw = {"world_size": 1, "data": {"train_dir": "/data"}, "optim": {"lr": 1e-3, "max_steps": 100},
+           "train": {"batch_size": 4, "global_batch_size": 8, "max_samples_termination": 1000},
+           "balance": {"packing": True, "pack_sequences": 3, "pack_average": 2}, "runtime": {"unpad": True, **runtime}}
+    return RunConfig.model_validate(raw)
+
+
+@pytest.mark.parametrize("runtime,fast", [
+    ({"device": "cuda", "precision": "bf16"}, True),  # auto: CUDA, half precision, packed with a bound
+    ({"device": "cuda", "precision": "fp16"}, True),
+    ({"device": "cuda", "precision": "fp32"}, False),  # no flash kernel in fp32
+    ({}, False),  # the CPU
+    ({"step": "fast"}, True),  # asked for: the CPU runs its reference kernels (the tests above)
+    ({"device": "cuda", "precision": "bf16", "step": "reference"}, False),
+])
+def test_auto_takes_the_fast_step_where_it_can_run(runtime, fast):
+    assert run_config(**runtime).fast_step is fast
+
+
+@pytest.mark.parametrize("runtime,message", [
+    ({"cuda_graph": True}, "runtime.cuda_graph: CUDA graphs need runtime.device: cuda; set runtime.cuda_graph: false"),
+    ({"device": "cuda", "precision": "bf16", "step": "reference", "cuda_graph": True},
+     "runtime.cuda_graph: graphs replay the fast step only"),
+    ({"device": "cuda", "precision": "fp16", "cuda_graph": True}, "runtime.cuda_graph: fp16's loss scaling decides on the host"),
+    ({"device": "cuda", "precision": "fp32", "step": "fast"},
+     "runtime.precision: fp32 cannot run the flash kernel of runtime.step: fast on CUDA: set bf16 (or fp16), or set "
+     "runtime.step: reference"),
+])
+def test_a_fast_step_setting_the_device_cannot_run_is_refused_naming_the_key_and_the_fix(runtime, message):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        run_config(**runtime)
+
+
+def test_the_fast_step_without_packing_is_one_line_from_bertctl():
+    from orchestrator.clusters import load_cluster
+    from orchestrator.errors import UserError
+
+    with pytest.raises(UserError) as raised:
+        load_cluster("local", ["run.runtime.step=fast", "run.balance.stratified=false", "run.balance.bin_quotas=null"])
+    assert str(raised.value).endswith("run.runtime.step: fast runs fixed-shape packed micro-batches: set balance.packing: "
+                                      "true, or set runtime.step: reference")
+    assert "\n" not in str(raised.value)
+
+
+def test_a_pack_bound_is_needed():
+    from pydantic import ValidationError
+
+    from trainer.config import RunConfig
+
+    raw = run_config().model_dump(mode="json")
+    raw["balance"]["pack_sequences"] = None
+    raw["runtime"]["step"] = "fast"
+    with pytest.raises(ValidationError, match="balance.pack_sequences: the fast step needs a bound on sequences per pack"):
+        RunConfig.model_validate(raw)

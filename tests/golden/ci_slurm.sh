@@ -32,7 +32,7 @@ export OMP_NUM_THREADS=1
 mkdir -p "$EXP_DIR/results" "$EXP_DIR/logs" "$EXP_DIR/runs"
 
 # ---- the resolved run configuration every rank reads: the whole recipe
-cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_48f86fb8ec99c26c'
+cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_9b757683583fbb7b'
 world_size: 4
 model:
   num_layers: 2
@@ -101,6 +101,8 @@ runtime:
   unpad: true
   attention: auto
   compile: false
+  step: auto
+  cuda_graph: false
   dense_seq_output: true
   nccl_warmup_steps: 2
   init_loss_scale: 1048576.0
@@ -117,7 +119,7 @@ mlperf:
   platform: 2xCPU
   ruleset: 5.0.0
   legacy_keys: true
-BERTCTL_RUN_YAML_48f86fb8ec99c26c
+BERTCTL_RUN_YAML_9b757683583fbb7b
 
 # Drop the page cache (root, or passwordless sudo for sysctl), as the MLPerf rules ask before each run.
 DROP_CACHES='sync && if [ "$(id -u)" -eq 0 ]; then /sbin/sysctl -q vm.drop_caches=3; else sudo -n /sbin/sysctl -q vm.drop_caches=3; fi'
@@ -135,7 +137,7 @@ step() {
 }
 
 # ---- phase 1, trained once per machine: it writes the checkpoint the runs start from
-cat > "$EXP_DIR/phase1.yaml" <<'BERTCTL_PHASE1_YAML_80bd31b6fcd70773'
+cat > "$EXP_DIR/phase1.yaml" <<'BERTCTL_PHASE1_YAML_d599528b1ffa2651'
 world_size: 1
 model:
   num_layers: 2
@@ -204,6 +206,8 @@ runtime:
   unpad: false
   attention: auto
   compile: false
+  step: auto
+  cuda_graph: false
   dense_seq_output: true
   nccl_warmup_steps: 0
   init_loss_scale: 1048576.0
@@ -220,7 +224,7 @@ mlperf:
   platform: 2xCPU
   ruleset: 5.0.0
   legacy_keys: true
-BERTCTL_PHASE1_YAML_80bd31b6fcd70773
+BERTCTL_PHASE1_YAML_d599528b1ffa2651
 
 # ---- the per-rank launch
 cat > "$EXP_DIR/task.sh" <<'BERTCTL_TASK_9868c8e97e870785'

@@ -21,7 +21,7 @@ trap 'echo $? > "$EXP_DIR/job.exit"' EXIT
 mkdir -p "$EXP_DIR/results" "$EXP_DIR/logs" "$EXP_DIR/runs"
 
 # ---- the resolved run configuration every rank reads: the whole recipe
-cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_8b30e97622348a05'
+cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_4f15ad016800b840'
 world_size: 1
 model:
   num_layers: 2
@@ -90,6 +90,8 @@ runtime:
   unpad: true
   attention: auto
   compile: false
+  step: auto
+  cuda_graph: false
   dense_seq_output: true
   nccl_warmup_steps: 0
   init_loss_scale: 1048576.0
@@ -106,7 +108,7 @@ mlperf:
   platform: 1xCPU
   ruleset: 5.0.0
   legacy_keys: true
-BERTCTL_RUN_YAML_8b30e97622348a05
+BERTCTL_RUN_YAML_4f15ad016800b840
 
 
 # A preparatory step: its output goes to logs/NAME.log, its exit code to runs/NAME.exit.
@@ -122,7 +124,7 @@ step() {
 }
 
 # ---- phase 1, trained once per machine: it writes the checkpoint the runs start from
-cat > "$EXP_DIR/phase1.yaml" <<'BERTCTL_PHASE1_YAML_583f17ad619886d4'
+cat > "$EXP_DIR/phase1.yaml" <<'BERTCTL_PHASE1_YAML_9a6bbca57da9ff05'
 world_size: 1
 model:
   num_layers: 2
@@ -191,6 +193,8 @@ runtime:
   unpad: false
   attention: auto
   compile: false
+  step: auto
+  cuda_graph: false
   dense_seq_output: true
   nccl_warmup_steps: 0
   init_loss_scale: 1048576.0
@@ -207,7 +211,7 @@ mlperf:
   platform: 1xCPU
   ruleset: 5.0.0
   legacy_keys: true
-BERTCTL_PHASE1_YAML_583f17ad619886d4
+BERTCTL_PHASE1_YAML_9a6bbca57da9ff05
 
 # ---- prerequisites, built once per machine (each step returns at once when its result exists)
 step prepare "$PYTHON" -m orchestrator data prepare --dataset sample

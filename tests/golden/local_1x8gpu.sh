@@ -21,7 +21,7 @@ trap 'echo $? > "$EXP_DIR/job.exit"' EXIT
 mkdir -p "$EXP_DIR/results" "$EXP_DIR/logs" "$EXP_DIR/runs"
 
 # ---- the resolved run configuration every rank reads: the whole recipe
-cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_fac948a924a85097'
+cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_157e263a0f46968d'
 world_size: 8
 model:
   num_layers: 24
@@ -90,6 +90,8 @@ runtime:
   unpad: true
   attention: auto
   compile: false
+  step: auto
+  cuda_graph: false
   dense_seq_output: true
   nccl_warmup_steps: 0
   init_loss_scale: 1024.0
@@ -106,7 +108,7 @@ mlperf:
   platform: 1x8 GPUs (local)
   ruleset: 5.0.0
   legacy_keys: true
-BERTCTL_RUN_YAML_fac948a924a85097
+BERTCTL_RUN_YAML_157e263a0f46968d
 
 
 # ---- how this machine runs one run's ranks (used by run_one below)

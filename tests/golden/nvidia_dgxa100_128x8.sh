@@ -35,7 +35,7 @@ export NCCL_TOPO_FILE=/workspace/bert/dgxa100_nic_affinity.xml
 mkdir -p "$EXP_DIR/results" "$EXP_DIR/logs" "$EXP_DIR/runs"
 
 # ---- the resolved run configuration every rank reads: the whole recipe
-cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_bca51c6b794941b3'
+cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_45740221b9d2111e'
 world_size: 1024
 model:
   num_layers: 24
@@ -104,6 +104,8 @@ runtime:
   unpad: false
   attention: auto
   compile: false
+  step: auto
+  cuda_graph: false
   dense_seq_output: true
   nccl_warmup_steps: 0
   init_loss_scale: 1048576.0
@@ -120,7 +122,7 @@ mlperf:
   platform: 128xNVIDIA DGX A100
   ruleset: 5.0.0
   legacy_keys: true
-BERTCTL_RUN_YAML_bca51c6b794941b3
+BERTCTL_RUN_YAML_45740221b9d2111e
 
 # Drop the page cache (root, or passwordless sudo for sysctl), as the MLPerf rules ask before each run.
 DROP_CACHES='sync && if [ "$(id -u)" -eq 0 ]; then /sbin/sysctl -q vm.drop_caches=3; else sudo -n /sbin/sysctl -q vm.drop_caches=3; fi'

@@ -34,7 +34,7 @@ export NCCL_TOPO_FILE=/workspace/bert/dgxa100_nic_affinity.xml
 mkdir -p "$EXP_DIR/results" "$EXP_DIR/logs" "$EXP_DIR/runs"
 
 # ---- the resolved run configuration every rank reads: the whole recipe
-cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_653e9a4dfff094ef'
+cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_83c44c2a30926ba1'
 world_size: 64
 model:
   num_layers: 24
@@ -103,6 +103,8 @@ runtime:
   unpad: true
   attention: auto
   compile: false
+  step: auto
+  cuda_graph: false
   dense_seq_output: true
   nccl_warmup_steps: 0
   init_loss_scale: 1048576.0
@@ -119,7 +121,7 @@ mlperf:
   platform: 8xNVIDIA DGX A100
   ruleset: 5.0.0
   legacy_keys: true
-BERTCTL_RUN_YAML_653e9a4dfff094ef
+BERTCTL_RUN_YAML_83c44c2a30926ba1
 
 # Drop the page cache (root, or passwordless sudo for sysctl), as the MLPerf rules ask before each run.
 DROP_CACHES='sync && if [ "$(id -u)" -eq 0 ]; then /sbin/sysctl -q vm.drop_caches=3; else sudo -n /sbin/sysctl -q vm.drop_caches=3; fi'

@@ -33,7 +33,7 @@ NTASKS=$((SLURM_JOB_NUM_NODES * 8))
 mkdir -p "$EXP_DIR/results" "$EXP_DIR/logs" "$EXP_DIR/runs"
 
 # ---- the resolved run configuration every rank reads: the whole recipe
-cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_73203a545aba23aa'
+cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_971dc608798e60b0'
 world_size: 8
 model:
   num_layers: 24
@@ -102,6 +102,8 @@ runtime:
   unpad: true
   attention: auto
   compile: false
+  step: auto
+  cuda_graph: false
   dense_seq_output: true
   nccl_warmup_steps: 0
   init_loss_scale: 1024.0
@@ -118,7 +120,7 @@ mlperf:
   platform: 1xNVIDIA DGX H100
   ruleset: 5.0.0
   legacy_keys: true
-BERTCTL_RUN_YAML_73203a545aba23aa
+BERTCTL_RUN_YAML_971dc608798e60b0
 
 # Drop the page cache (root, or passwordless sudo for sysctl), as the MLPerf rules ask before each run.
 DROP_CACHES='sync && if [ "$(id -u)" -eq 0 ]; then /sbin/sysctl -q vm.drop_caches=3; else sudo -n /sbin/sysctl -q vm.drop_caches=3; fi'

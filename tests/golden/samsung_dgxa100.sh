@@ -33,7 +33,7 @@ export NCCL_IB_HCA=mlx5_1,mlx5_0,mlx5_5,mlx5_2
 mkdir -p "$EXP_DIR/results" "$EXP_DIR/logs" "$EXP_DIR/runs"
 
 # ---- the resolved run configuration every rank reads: the whole recipe
-cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_8ff4156699c21fe3'
+cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_c6d882818741bb0b'
 world_size: 1024
 model:
   num_layers: 24
@@ -106,6 +106,8 @@ runtime:
   unpad: true
   attention: auto
   compile: false
+  step: auto
+  cuda_graph: false
   dense_seq_output: true
   nccl_warmup_steps: 10
   init_loss_scale: 131072.0
@@ -122,7 +124,7 @@ mlperf:
   platform: 128xNVIDIA DGX A100
   ruleset: 5.0.0
   legacy_keys: true
-BERTCTL_RUN_YAML_8ff4156699c21fe3
+BERTCTL_RUN_YAML_c6d882818741bb0b
 
 # Drop the page cache (root, or passwordless sudo for sysctl), as the MLPerf rules ask before each run.
 DROP_CACHES='sync && if [ "$(id -u)" -eq 0 ]; then /sbin/sysctl -q vm.drop_caches=3; else sudo -n /sbin/sysctl -q vm.drop_caches=3; fi'
