@@ -41,6 +41,21 @@ def make_batch(cfg: RunConfig, samples: Sequence[Sample]) -> Batch:
     return fixed_shape(batch, capacity(cfg)) if cfg.fast_step else batch
 
 
+def step_counts(cfg: RunConfig, micro_batches: Sequence[Batch]) -> torch.Tensor:
+    """[masked positions, sequences] of a step's micro-batches, float32: counted on the device for the fast
+    step, from the host's counts (copied to the device by the caller) for the reference step."""
+    if cfg.fast_step:
+        return device_counts(micro_batches)
+    return torch.tensor([[b.num_masked, b.num_sequences] for b in micro_batches], dtype=torch.float32).sum(0)
+
+
+def build_forward(cfg: RunConfig, module: nn.Module) -> Callable[[Batch], tuple[torch.Tensor, torch.Tensor]]:
+    """batch -> module(batch, loss_sums=True): compiled whole (CompiledForward) for the fast step with runtime.compile."""
+    if cfg.fast_step and cfg.runtime.compile:
+        return CompiledForward(module, cuda_graph=cfg.runtime.cuda_graph)
+    return lambda batch: module(batch, loss_sums=True)
+
+
 def device_counts(micro_batches: Sequence[Batch]) -> torch.Tensor:
     """[masked positions, sequences] of the micro-batches as a float32 device tensor, counted from their
     labels on the device (no host value enters the step)."""
@@ -60,7 +75,7 @@ class CompiledForward:
     compilation serves the whole run (a test counts them)."""
 
     def __init__(self, model: nn.Module, cuda_graph: bool = False, backend: str | Callable = "inductor"):
-        self.model = model
+        self.model, self.cuda_graph = model, cuda_graph
         options = {"mode": "reduce-overhead"} if cuda_graph else {}
         self.compiled = torch.compile(model, dynamic=False, backend=backend, **options)
         self.failed: str | None = None
@@ -68,6 +83,8 @@ class CompiledForward:
     def __call__(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         if self.failed is None:
             try:
+                if self.cuda_graph:  # a new step: the previous replay's outputs may be overwritten from here on
+                    torch.compiler.cudagraph_mark_step_begin()
                 return self.compiled(batch, loss_sums=True)
             except Exception as e:  # noqa: BLE001 - whatever broke the compiler, eager computes the same
                 self.failed = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"

@@ -36,7 +36,7 @@ from trainer.data.dataset import DataError, TrainData
 from trainer.data.layout import ShardError
 from trainer.evaluate import build_evaluator
 from trainer.exchange import build_exchange
-from trainer.fast_step import CompiledForward, device_counts, make_batch
+from trainer.fast_step import build_forward, make_batch, step_counts
 from trainer.gradients import GradientSync
 from trainer.loop_state import Counts, Step, first_state, most_sequences_per_step, step_sequences, stop_reason
 from trainer.mlperf import RunLogger
@@ -84,10 +84,7 @@ class Trainer:
         self.exchange = build_exchange(cfg.balance, cfg.data, self.device, self.env.world_size)
         self.scaler = grad_scaler(cfg.runtime, self.device)
         self.autocast = partial(autocast, cfg.runtime.precision, self.device.type)  # the forward's mixed precision
-        self.forward = self.ddp or self.model  # batch, loss_sums=True -> the loss sums
-        if cfg.fast_step and cfg.runtime.compile:  # the whole model, compiled once for the fixed shapes
-            compiled = CompiledForward(self.forward, cuda_graph=cfg.runtime.cuda_graph)
-            self.forward = lambda batch, loss_sums: compiled(batch)
+        self.forward = build_forward(cfg, self.ddp or self.model)  # batch -> the loss sums
 
         self.data = TrainData(cfg.data, cfg.balance, cfg.train.batch_size, self.env.rank, self.env.world_size, self.seed,
                               vocab_size=cfg.model.vocab_size)
@@ -159,10 +156,7 @@ class Trainer:
         # The loss is normalised by the step's global number of masked tokens and sequences, so it is
         # the same whatever the rank count and however exchange padding distributes the samples. The
         # counts stay on the device: the normalisation needs no host sync.
-        if self.cfg.fast_step:  # counted from the labels: no host value enters the step
-            local = device_counts(micro_batches)
-        else:
-            local = torch.tensor([[b.num_masked, b.num_sequences] for b in micro_batches], dtype=torch.float32).sum(0)
+        local = step_counts(self.cfg, micro_batches)  # the fast step counts on the device: no host value enters it
         masked, sequences = distributed.all_reduce_sum(local.to(self.device, non_blocking=True))
         world = self.env.world_size  # DDP averages gradients over ranks: undo that division
         scale = loss_scale(self.scaler, self.device) if self.scaler else 1.0
@@ -181,11 +175,9 @@ class Trainer:
         """Forward, the loss sums, and backward of mlm_weight * MLM + nsp_weight * NSP (loss-scaled in fp16),
         inside `context`: whether DDP reduces in this backward (GradientSync.micro_step_context)."""
         with context:
-            if self.cfg.runtime.cuda_graph:  # the previous step's graph outputs may be overwritten now
-                torch.compiler.cudagraph_mark_step_begin()
             with self.autocast():
                 with self.clock.forward():
-                    mlm, nsp = self.forward(batch, loss_sums=True)
+                    mlm, nsp = self.forward(batch)
             loss = mlm * mlm_weight + nsp * nsp_weight
             (self.scaler.scale(loss) if self.scaler else loss).backward()
         return mlm, nsp
