@@ -180,7 +180,7 @@ def test_one_compilation_serves_every_fast_batch():
 # ---- the trainer -----------------------------------------------------------------------------------
 
 def trained_losses(tmp_path, monkeypatch, step: str) -> list[float]:
-    """Losses of 4 packed steps of the tiny synthetic run (dropout off), in-process."""
+    """Losses of 4 packed steps of the tiny synthetic run (dropout off) after a warm-up pass, in-process."""
     from gloo import free_port
     from synthetic import tiny_run_config
 
@@ -191,7 +191,8 @@ def trained_losses(tmp_path, monkeypatch, step: str) -> list[float]:
     monkeypatch.setenv("MASTER_PORT", str(free_port()))
     config = tiny_run_config(tmp_path / step, balance={"packing": True, "pack_sequences": 3, "pack_average": 2,
                                                        "pack_window": 64},
-                             model={"hidden_dropout": 0.0, "attention_dropout": 0.0}, runtime={"unpad": True, "step": step},
+                             model={"hidden_dropout": 0.0, "attention_dropout": 0.0},
+                             runtime={"unpad": True, "step": step, "nccl_warmup_steps": 1},  # the warm-up's batch too
                              optim={"max_steps": 4}, train={"global_batch_size": 16, "eval_every_samples": 10**6,
                                                             "target_accuracy": 0.99})
     cfg = load_run_config(str(config))
