@@ -132,24 +132,36 @@ TINY = ModelConfig(num_layers=2, hidden_size=32, num_heads=2, intermediate_size=
                    max_position_embeddings=128, hidden_dropout=0.0, attention_dropout=0.0)
 
 
-def loss_and_grads(model, batch):
+def loss_and_grads(forward, batch, model=None):
+    """forward: the model (called with loss_sums=True) or a batch -> loss sums function of `model`."""
+    model = model or forward
     model.zero_grad()
-    mlm, nsp = model(batch, loss_sums=True)
+    mlm, nsp = forward(batch) if model is not forward else model(batch, loss_sums=True)
     (mlm / batch.num_masked + nsp / batch.num_sequences).backward()
     return mlm.item(), nsp.item(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def test_the_fast_batch_gives_the_reference_steps_loss_and_gradients():
+@pytest.mark.parametrize("compiled", [False, True])
+def test_the_fast_batch_gives_the_reference_steps_loss_and_gradients(compiled):
+    """Eager, and compiled whole (aot_eager: AOT autograd's forward and backward graphs, run as traced)."""
     torch.manual_seed(0)
     model = BertForPreTraining(TINY, attention="per_sequence").train()
     samples = packed_samples(np.random.default_rng(3))
     plain = collate(samples, unpadded=True)
     fast = fixed_shape(plain, Capacity.of_packs(packs=4, max_seq_length=128, per_pack=3, max_predictions=20))
-    reference, got = loss_and_grads(model, plain), loss_and_grads(model, fast)
+    forward = CompiledForward(model, backend="aot_eager") if compiled else (lambda batch: model(batch, loss_sums=True))
+    reference, got = loss_and_grads(model, plain), loss_and_grads(forward, fast, model)
     assert got[0] == pytest.approx(reference[0], rel=1e-5) and got[1] == pytest.approx(reference[1], rel=1e-5)
     assert got[2].keys() == reference[2].keys()
     for name, grad in reference[2].items():
         assert (got[2][name] - grad).abs().max() <= 1e-5 * max(1.0, grad.abs().max().item()), name
+    assert not compiled or forward.failed is None
+
+
+def test_the_attention_operators_fake_kernels_and_autograd_agree_with_its_kernels():
+    """torch.library.opcheck: schema, fake (shape) kernel against the real one, autograd registration."""
+    q, k, v, cu = stream("cpu", torch.float32, [5, 0, 7, 4])
+    torch.library.opcheck(torch.ops.bertctl.packed_attention.default, (q, k, v, cu, 7, 0.0, 0.25))
 
 
 def test_one_compilation_serves_every_fast_batch():
