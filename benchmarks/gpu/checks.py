@@ -285,8 +285,9 @@ def steady_state_syncs(device: torch.device, precision: str, steps: int = 5) -> 
     """Trainer.train_step, in this process, after the warm-up and 10 steps (lazy initialisation may
     sync; DDP times its first 10 iterations with CUDA events it waits on, waits the debug mode does
     not see), with CUDA's sync debug mode warning on every synchronising call: where each one came from.
-    bf16 / fp32 must make none, packed or not, eager or compiled (on CUDA); fp16 reads the device at least twice a step (its
-    overflow flag: the schedule must know whether the update happened). Syncs inside the backward
+    bf16 / fp32 must make none, packed (on CUDA the fast step) or not, eager, compiled or graphed (on CUDA);
+    fp16 reads the device at least twice a step (its overflow flag: the schedule must know whether the
+    update happened). Syncs inside the backward
     are reported at autograd's Python frame, not their source: the count is right, the place is
     autograd's."""
     import warnings
@@ -305,6 +306,10 @@ def steady_state_syncs(device: torch.device, precision: str, steps: int = 5) -> 
                                            {"packing": True, "pack_sequences": 3, "pack_average": 2})}
     if device.type == "cuda":
         cases[f"bucket_{precision}_compiled"] = ({"clip": "bucket"}, {"precision": precision, "compile": True}, {})
+        # the packed cases run the fast step on CUDA (runtime.step auto); this one compiled and replayed as CUDA graphs
+        cases[f"local_{precision}_packed_graphed"] = ({"clip": "local"}, {"precision": precision, "compile": True,
+                                                                          "cuda_graph": precision == "bf16"},
+                                                      {"packing": True, "pack_sequences": 3, "pack_average": 2})
         cases["bucket_fp16"] = ({"clip": "bucket"}, {"precision": "fp16"}, {})
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     results = {}
@@ -341,7 +346,8 @@ def steady_state_syncs(device: torch.device, precision: str, steps: int = 5) -> 
         results[label] = {"syncs_per_step": round(len(syncs) / steps, 2), "where": where}
     if device.type != "cuda":
         return {"runs": results, "note": "no CUDA here: the steps ran, the syncs were not counted"}
-    for label in (f"bucket_{precision}", f"local_{precision}_packed", f"bucket_{precision}_compiled"):
+    for label in (f"bucket_{precision}", f"local_{precision}_packed", f"bucket_{precision}_compiled",
+                  f"local_{precision}_packed_graphed"):
         assert results[label]["syncs_per_step"] == 0, \
             f"{label}: {results[label]['syncs_per_step']} device->host copies per step at {results[label]['where']}"
     return {"runs": results}
