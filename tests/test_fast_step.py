@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from trainer.attention import per_sequence_attention
 from trainer.config import ModelConfig
 from trainer.data.batch import IGNORE, Capacity, CapacityError, collate, fixed_shape
 from trainer.data.layout import Sample
-from trainer.fast_step import CompiledForward
-from trainer.flash_varlen import packed_attention
-from trainer.model import BertForPreTraining
+from trainer.loop.fast_step import CompiledForward
+from trainer.model.attention import per_sequence_attention
+from trainer.model.bert import BertForPreTraining
+from trainer.model.flash_varlen import packed_attention
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
@@ -196,9 +196,9 @@ def trained_losses(tmp_path, monkeypatch, step: str) -> list[float]:
     from gloo import free_port
     from synthetic import tiny_run_config
 
-    from trainer import distributed
     from trainer.config import load_run_config
-    from trainer.train import RunArgs, Trainer
+    from trainer.loop.train import RunArgs, Trainer
+    from trainer.parallel import distributed
 
     monkeypatch.setenv("MASTER_PORT", str(free_port()))
     config = tiny_run_config(tmp_path / step, balance={"packing": True, "pack_sequences": 3, "pack_average": 2,
@@ -266,7 +266,7 @@ def test_a_fast_step_setting_the_device_cannot_run_is_refused_naming_the_key_and
 
 
 def test_the_fast_step_without_packing_is_one_line_from_bertctl():
-    from orchestrator.clusters import load_cluster
+    from orchestrator.config.clusters import load_cluster
     from orchestrator.errors import UserError
 
     with pytest.raises(UserError) as raised:

@@ -19,7 +19,7 @@ stages; tests/test_gpu_suite.py runs the CPU-runnable ones at tiny shapes.
 - throughput: BERT-large phase 2 (lengths from the Wikipedia histogram, at most 76 masked per
   sequence), bf16, in this one process, on the same packed batches (48 rows of at most 3 sequences per
   step, the H100 recipe's micro-batch): Hugging Face padded to 512 (SDPA), ours reference (runtime.step
-  reference), and the fast step (trainer/fast_step.py) added in turn: direct flash, + static compile,
+  reference), and the fast step (trainer/loop/fast_step.py) added in turn: direct flash, + static compile,
   + CUDA graph; sequences/s, MFU (real-token training FLOPs over the GPU's dense bf16 peak, named in the
   output), peak memory, host and device milliseconds per step;
 - profile: torch.profiler over fast steps: the top ops by device time, the casts per step;
@@ -42,18 +42,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from trainer.apex_kernels import apex_missing
-from trainer.attention import AttentionUnavailable, flash_attn_installed, varlen_attention
-from trainer.balance import pack_sequences
+from trainer.balance.algorithms import pack_sequences
 from trainer.config import ModelConfig, OptimConfig
 from trainer.data.batch import Capacity, collate, fixed_shape
 from trainer.data.histogram import sample_lengths
 from trainer.data.layout import Sample
-from trainer.fast_step import CompiledForward, device_counts
-from trainer.model import BertForPreTraining, flops_per_sequence, pretraining_loss_sums
+from trainer.loop.fast_step import CompiledForward, device_counts
+from trainer.loop.progress import peak_tflops, synchronize
+from trainer.model.apex_kernels import apex_missing
+from trainer.model.attention import AttentionUnavailable, flash_attn_installed, varlen_attention
+from trainer.model.bert import BertForPreTraining, flops_per_sequence, pretraining_loss_sums
+from trainer.model.weights import load_pretrained
 from trainer.optim import build_optimizer, take_step
-from trainer.progress import peak_tflops, synchronize
-from trainer.weights import load_pretrained
 
 from .children import run as run_child
 
@@ -295,9 +295,9 @@ def steady_state_syncs(device: torch.device, precision: str, steps: int = 5) -> 
     from gloo import free_port
     from synthetic import tiny_run_config
 
-    from trainer import distributed
     from trainer.config import load_run_config
-    from trainer.train import RunArgs, Trainer
+    from trainer.loop.train import RunArgs, Trainer
+    from trainer.parallel import distributed
 
     runtime = {"device": device.type, "backend": "nccl" if device.type == "cuda" else "gloo", "unpad": True,
                "nccl_warmup_steps": 2}

@@ -6,7 +6,7 @@ unpadded), `mlm_labels` the original ids there. Only real targets are listed, so
 runs on those rows alone and the loss needs no ignore index. `first_tokens` index each sequence's
 [CLS] for the pooler and NSP.
 
-`fixed_shape` turns an unpadded batch into the fast step's form (trainer/fast_step.py): every
+`fixed_shape` turns an unpadded batch into the fast step's form (trainer/loop/fast_step.py): every
 tensor of a fixed size whatever the step's samples, so a compiled step never recompiles and a CUDA
 graph can replay it. Padding slots carry IGNORE labels, and the padding tokens form segments of
 their own, so the attention covers every row of the stream.
