@@ -173,8 +173,15 @@ class RuntimeConfig(Section):
     # variable-length attention (with unpad): auto takes flash_attn, else PyTorch's own flash kernel
     # on jagged NestedTensors (CUDA fp16/bf16), else one SDPA call per sequence (see trainer/model/attention.py)
     attention: Literal["auto", "flash_attn", "nested", "per_sequence"] = "auto"
-    # torch.compile the encoder layers' pointwise tails; falls back to eager with a warning if compiling fails
+    # torch.compile the encoder layers' pointwise tails (the fast step: the whole model, static shapes);
+    # falls back to eager with a warning if compiling fails
     compile: bool = False
+    # fast: fixed-shape packed micro-batches, attention on the packed stream as one operator (trainer/loop/fast_step.py);
+    # reference: the step it is tested against; auto: fast on CUDA in bf16/fp16 with balance.packing and
+    # balance.pack_sequences set, else reference
+    step: Literal["auto", "fast", "reference"] = "auto"
+    # the fast step's forward and backward replayed as CUDA graphs (torch.compile mode reduce-overhead)
+    cuda_graph: bool = False
     dense_seq_output: bool = True
     nccl_warmup_steps: int = Field(0, ge=0)
     init_loss_scale: float = Field(2.0**20, gt=0.0)
@@ -265,7 +272,38 @@ class RunConfig(Section):
                 f"{self.data.max_seq_length} exceeds model.max_position_embeddings ({self.model.max_position_embeddings})"))
         if self.mlperf.division == "closed":
             problems += self.closed_division_problems()
-        return problems
+        return problems + self.step_problems()
+
+    @property
+    def fast_step(self) -> bool:
+        """Whether the fast step runs (runtime.step, auto resolved)."""
+        rt, bal = self.runtime, self.balance
+        if rt.step == "auto":
+            return rt.device == "cuda" and rt.precision != "fp32" and bal.packing and bal.pack_sequences is not None
+        return rt.step == "fast"
+
+    def step_problems(self) -> list[ConfigProblem]:
+        """What the fast step (runtime.step, runtime.cuda_graph) cannot run, each with its fix."""
+        rt, bal, fix = self.runtime, self.balance, "or set runtime.step: reference"
+        if rt.cuda_graph and rt.device != "cuda":
+            return [ConfigProblem("runtime.cuda_graph", "CUDA graphs need runtime.device: cuda; set runtime.cuda_graph: false")]
+        if rt.cuda_graph and not self.fast_step:
+            return [ConfigProblem("runtime.cuda_graph", "graphs replay the fast step only: set runtime.step: fast "
+                                                        "(with balance.packing) or runtime.cuda_graph: false")]
+        if rt.cuda_graph and rt.precision == "fp16":
+            return [ConfigProblem("runtime.cuda_graph", "fp16's loss scaling decides on the host whether a step is "
+                                                        "skipped: use runtime.precision: bf16 or runtime.cuda_graph: false")]
+        if rt.step != "fast":
+            return []
+        if not bal.packing:
+            return [ConfigProblem("runtime.step", f"fast runs fixed-shape packed micro-batches: set balance.packing: true, {fix}")]
+        if bal.pack_sequences is None:
+            return [ConfigProblem("balance.pack_sequences", "the fast step needs a bound on sequences per pack (NVIDIA's "
+                                                            f"packed data: 3): set it, {fix}")]
+        if rt.device == "cuda" and rt.precision == "fp32":
+            return [ConfigProblem("runtime.precision", "fp32 cannot run the flash kernel of runtime.step: fast on CUDA: "
+                                                       f"set bf16 (or fp16), {fix}")]
+        return []
 
     def closed_division_problems(self) -> list[ConfigProblem]:
         """What MLPerf's closed division fixes for BERT (trainer/config/closed_rules.py::CLOSED_RULES, the rules

@@ -30,10 +30,11 @@ from torch.nn.parallel import DistributedDataParallel
 
 from trainer.checkpoints.run import UNWRITABLE, OutputError, RunCheckpoint, StopSignal, run_checkpoints, write_model
 from trainer.config import REQUEUE_EXIT_CODE, PathError, RunConfig, expand_path, first_problem, load_run_config
-from trainer.data.batch import Batch, collate
+from trainer.data.batch import Batch, CapacityError
 from trainer.data.dataset import DataError, TrainData
 from trainer.data.layout import ShardError
 from trainer.loop.evaluate import build_evaluator
+from trainer.loop.fast_step import build_forward, make_batch, step_counts
 from trainer.loop.precision import autocast, grad_scaler
 from trainer.loop.progress import ProgressReport, start_line, synchronize
 from trainer.loop.state import Counts, Step, first_state, most_sequences_per_step, step_sequences, stop_reason
@@ -48,7 +49,7 @@ from trainer.parallel import distributed
 from trainer.parallel.exchange import build_exchange
 from trainer.parallel.gradients import GradientSync
 
-USER_ERRORS = (distributed.LaunchError, DataError, ShardError, WeightsError, PathError, OutputError)
+USER_ERRORS = (distributed.LaunchError, DataError, ShardError, WeightsError, PathError, OutputError, CapacityError)
 
 
 @dataclass
@@ -84,6 +85,7 @@ class Trainer:
         self.exchange = build_exchange(cfg.balance, cfg.data, self.device, self.env.world_size)
         self.scaler = grad_scaler(cfg.runtime, self.device)
         self.autocast = partial(autocast, cfg.runtime.precision, self.device.type)  # the forward's mixed precision
+        self.forward = build_forward(cfg, self.ddp or self.model)  # batch -> the loss sums
 
         self.data = TrainData(cfg.data, cfg.balance, cfg.train.batch_size, self.env.rank, self.env.world_size, self.seed,
                               vocab_size=cfg.model.vocab_size)
@@ -146,7 +148,7 @@ class Trainer:
         samples, packs = self.data.next_samples()
         if self.exchange:  # redistribute the step's samples (or packs) so ranks get similar token counts
             samples = self.exchange(samples, packs)
-        return collate(samples, unpadded=self.cfg.runtime.unpad).to(self.device)
+        return make_batch(self.cfg, samples).to(self.device)
 
     def train_step(self, micro_batches: list[Batch]) -> Step:
         """One optimizer update over the micro-batches of this step."""
@@ -155,7 +157,7 @@ class Trainer:
         # The loss is normalised by the step's global number of masked tokens and sequences, so it is
         # the same whatever the rank count and however exchange padding distributes the samples. The
         # counts stay on the device: the normalisation needs no host sync.
-        local = torch.tensor([[b.num_masked, b.num_sequences] for b in micro_batches], dtype=torch.float32).sum(0)
+        local = step_counts(self.cfg, micro_batches)  # the fast step counts on the device: no host value enters it
         masked, sequences = distributed.all_reduce_sum(local.to(self.device, non_blocking=True))
         world = self.env.world_size  # DDP averages gradients over ranks: undo that division
         scale = loss_scale(self.scaler, self.device) if self.scaler else 1.0
@@ -176,7 +178,7 @@ class Trainer:
         with context:
             with self.autocast():
                 with self.clock.forward():
-                    mlm, nsp = (self.ddp or self.model)(batch, loss_sums=True)
+                    mlm, nsp = self.forward(batch)
             loss = mlm * mlm_weight + nsp * nsp_weight
             (self.scaler.scale(loss) if self.scaler else loss).backward()
         return mlm, nsp
@@ -258,8 +260,9 @@ class Trainer:
 
 
 def build_model(cfg: RunConfig, device: torch.device) -> BertForPreTraining:
+    # the fast step compiles the whole model (Trainer.forward), not the pointwise tails alone
     model = BertForPreTraining(cfg.model, fused_kernels=cfg.runtime.kernels == "apex",
-                               attention=cfg.runtime.attention, compile=cfg.runtime.compile)
+                               attention=cfg.runtime.attention, compile=cfg.runtime.compile and not cfg.fast_step)
     if cfg.train.init_checkpoint:
         load_pretrained_file(model, expand_path(cfg.train.init_checkpoint))
     return model.to(device).train()

@@ -15,8 +15,8 @@ import torch
 
 from trainer.checkpoints.run import rng_state, set_rng_state
 from trainer.config import RunConfig
-from trainer.data.batch import collate
 from trainer.data.layout import Sample
+from trainer.loop.fast_step import make_batch
 from trainer.parallel.exchange import Exchange
 
 
@@ -31,7 +31,7 @@ def warm_up(cfg: RunConfig, exchange: Exchange | None, device: torch.device, for
     samples = longest_samples(cfg)
     for _ in range(passes):
         mine = exchange(samples) if exchange else samples
-        batch = collate(mine, unpadded=cfg.runtime.unpad).to(device)
+        batch = make_batch(cfg, mine).to(device)
         forward_backward(batch, 1e-3, 1e-3, contextlib.nullcontext())  # DDP reduces: the real collectives
         optimizer.zero_grad()
     set_rng_state(saved)
