@@ -128,6 +128,9 @@ def run_view(exp: Experiment, run: int, job: JobInfo) -> RunView:
     if damage:  # a run whose log breaks MLPerf's rules did not produce a result, whatever its exit code
         rv.state = State.FAILED if state == State.COMPLETED else state
         rv.error = damage
+    elif ended_by_its_log(state, rv, exit_file):
+        # the log's own run_stop is the run's end: a crash between it and the exit record loses nothing
+        rv.state = state = State.COMPLETED
     elif state == State.INTERRUPTED:
         update = checkpoint_update(exp, run)
         reached = f" at update {update}" if update is not None else ""
@@ -135,6 +138,11 @@ def run_view(exp: Experiment, run: int, job: JobInfo) -> RunView:
     elif state in (State.FAILED, State.TIMEOUT, State.UNKNOWN) or (state == State.CANCELLED and started.exists()):
         rv.error = last_error(exp, run, job)
     return rv
+
+
+def ended_by_its_log(state: State, rv: RunView, exit_file: Path) -> bool:
+    """A run whose (undamaged) MLPerf log holds run_stop, with no exit recorded and no job running it."""
+    return rv.outcome is not None and state not in (State.RUNNING, State.COMPLETED) and _read_exit(exit_file) is None
 
 
 def run_state(job: JobInfo, started: bool, exit_code: int | None, interrupted: bool = False) -> State:
