@@ -250,7 +250,10 @@ def allocated_nodes(exp: Experiment) -> list[str]:
         return []
     if info is None or not info.node_list or info.node_list in ("None assigned", "(null)"):
         return []
-    out = subprocess.run(["scontrol", "show", "hostnames", info.node_list], capture_output=True, text=True)
+    try:
+        out = scheduler.run_command(["scontrol", "show", "hostnames", info.node_list])
+    except (OSError, subprocess.TimeoutExpired):
+        return []
     return out.stdout.split() if out.returncode == 0 else []
 
 

@@ -110,8 +110,30 @@ def job_info(exp: Experiment, run: int, slurm: dict[str, JobInfo]) -> JobInfo:
     job_id = exp.job_ids[run] if len(exp.job_ids) == exp.nexp else exp.job_ids[0]
     if exp.executor == "local":
         return scheduler.local_job_info(job_id, exp.path)
-    # just submitted: accounting has no record yet, but the job exists
-    return slurm.get(job_id) or JobInfo(job_id, State.PENDING, reason="not yet in accounting")
+    info = slurm.get(job_id)
+    if info is not None and info.state is not State.UNKNOWN and not info.belongs_to(job_name(exp), exp.path):
+        return scheduler.gone(job_id, f"job {job_id} is another job ({info.name or '?'} in {info.work_dir or '?'})")
+    if info is None:
+        if seconds_since_submission(exp, job_id) < scheduler.ACCOUNTING_GRACE_S:
+            return JobInfo(job_id, State.PENDING, reason="not yet in accounting")  # just submitted
+        return scheduler.gone(job_id, f"the scheduler has no record of job {job_id}")
+    return info
+
+
+def job_name(exp: Experiment) -> str:
+    """The name bertctl gives the experiment's jobs (orchestrator/render.py::sbatch_options)."""
+    return f"bert-{exp.cluster}"
+
+
+def seconds_since_submission(exp: Experiment, job_id: str) -> float:
+    """Since submitit wrote the job's batch file (`<id>_submission.sh`), or since the experiment was made."""
+    from orchestrator.executors import slurm_job
+
+    try:
+        submitted = slurm_job(exp.path, job_id).paths.submission_file.stat().st_mtime
+    except OSError:
+        submitted = exp.created
+    return time.time() - submitted
 
 
 def run_view(exp: Experiment, run: int, job: JobInfo) -> RunView:
