@@ -65,6 +65,14 @@ class Crash:
     step: int | None
     partial: bool = False  # a checkpoint write was under way: its staging folder is left behind
 
+    def moment(self, reference: bytes) -> str:
+        """What the kill came after: the last whole event's key, a torn line, a checkpoint being written."""
+        if self.cut and reference[self.cut - 1:self.cut] != b"\n":
+            return "inside a line"
+        if self.partial:
+            return "during a checkpoint write"
+        return _key(reference[:self.cut].rstrip(b"\n").rsplit(b"\n", 1)[-1]) or "start"
+
     def describe(self, reference: bytes) -> str:
         before = reference[:self.cut].rstrip(b"\n").rsplit(b"\n", 1)[-1]
         key = _key(before) or "the init phase"
@@ -130,7 +138,7 @@ def rebuild(crash: Crash, reference: Path, log: bytes, folder: Path) -> Path:
         shutil.copytree(reference / "checkpoints" / "run_0" / name, checkpoints / name)
         (checkpoints / "latest").write_text(name)
     if crash.partial:
-        (checkpoints / f".step_{crash.step + CHECKPOINT_EVERY:08d}.partial").mkdir()
+        (checkpoints / f".step_{(crash.step or 0) + CHECKPOINT_EVERY:08d}.partial").mkdir()
     return result
 
 
@@ -184,6 +192,8 @@ def run_case(crash: Crash, recipe: Path, reference: Path, log: bytes, expected: 
         result = rebuild(crash, reference, log, folder)
         action = resume(recipe, folder, result)
         return judge(result, expected), action
+    except Exception as e:  # noqa: BLE001 - a case that breaks is a count, not the end of the harness
+        return f"different: {type(e).__name__}: {e}", "traceback"
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -204,14 +214,17 @@ def main(argv: list[str] | None = None) -> int:
         cases = crashes(log, checkpoint_positions(reference), args.torn, rng)
         if args.cases:
             cases = sorted(rng.sample(cases, min(args.cases, len(cases))), key=lambda c: (c.cut, c.step or -1))
-        counts, examples, actions = Counter(), {}, Counter()
+        counts, examples, actions, moments = Counter(), {}, Counter(), Counter()
         for crash in cases:
             verdict, action = run_case(crash, recipe, reference, log, expected, work)
             kind = verdict.split(":")[0]
             counts[kind] += 1
             actions[action] += 1
+            moments[(crash.moment(log), kind)] += 1
             examples.setdefault(kind, f"{crash.describe(log)}: {verdict}")
     print(report(counts, examples, actions, len(log), len(expected), time.time() - started))
+    print("by the moment of the kill (the last whole event before it): " +
+          ", ".join(f"{moment} {kind} {n}" for (moment, kind), n in sorted(moments.items())))
     return 0 if set(counts) <= {"same"} else 1
 
 
