@@ -119,18 +119,18 @@ def query_slurm(job_ids: list[str]) -> dict[str, JobInfo]:
         table = _run(["sacct", "-X", "--parsable2", "-o", ",".join(SACCT_FIELDS), *selection])
     except SchedulerError:
         # no accounting on this cluster: squeue only knows jobs that have not finished yet
-        return _queued(base_ids)
+        return query_queue(base_ids)
     known = {job: _info(job, stats) for job, stats in parse_table(table).items()}
     missing = [j for j in base_ids if not any(k.split("_")[0] == j for k in known)]
     if missing:  # not in accounting (yet, or any more): the controller may still hold them
         try:
-            known.update(_queued(missing))
+            known.update(query_queue(missing))
         except SchedulerError:
             pass
     return known
 
 
-def _queued(base_ids: list[str]) -> dict[str, JobInfo]:
+def query_queue(base_ids: list[str]) -> dict[str, JobInfo]:
     """What squeue knows of these jobs: the ones queued or running (a finished job is absent)."""
     rows = _run(["squeue", "-h", "-o", SQUEUE_FORMAT, "--jobs", ",".join(base_ids)], ok_codes=(0, 1))
     table = "|".join(SQUEUE_FIELDS) + "\n" + rows

@@ -110,14 +110,27 @@ def job_info(exp: Experiment, run: int, slurm: dict[str, JobInfo]) -> JobInfo:
     job_id = exp.job_ids[run] if len(exp.job_ids) == exp.nexp else exp.job_ids[0]
     if exp.executor == "local":
         return scheduler.local_job_info(job_id, exp.path)
-    info = slurm.get(job_id)
+    info, foreign = slurm.get(job_id), None
     if info is not None and info.state is not State.UNKNOWN and not info.belongs_to(job_name(exp), exp.path):
-        return scheduler.gone(job_id, f"job {job_id} is another job ({info.name or '?'} in {info.work_dir or '?'})")
+        # accounting's newest record under this id is another job's (a copied experiment, or ids that began
+        # again after a controller reset): the controller's queue may still hold this experiment's
+        foreign, info = info, queued_own_job(exp, job_id)
     if info is None:
         if seconds_since_submission(exp, job_id) < scheduler.ACCOUNTING_GRACE_S:
             return JobInfo(job_id, State.PENDING, reason="not yet in accounting")  # just submitted
+        if foreign is not None:
+            return scheduler.gone(job_id, f"job {job_id} is another job ({foreign.name or '?'} in {foreign.work_dir or '?'})")
         return scheduler.gone(job_id, f"the scheduler has no record of job {job_id}")
     return info
+
+
+def queued_own_job(exp: Experiment, job_id: str) -> JobInfo | None:
+    """The experiment's job `job_id` as the controller's queue knows it (squeue), or None."""
+    try:
+        info = scheduler.query_queue([job_id.split("_")[0]]).get(job_id)
+    except scheduler.SchedulerError:
+        return None
+    return info if info is not None and info.belongs_to(job_name(exp), exp.path) else None
 
 
 def job_name(exp: Experiment) -> str:
