@@ -73,7 +73,7 @@ class Trainer:
         self.checkpoints = run_checkpoints(cfg.checkpoint, out, args.run_index, self.env.rank)
         latest = self.checkpoints.latest()
         if self.rank0 and latest is not None:
-            self.rewind(args.result_log, self.checkpoints.log_position(latest))
+            rewind_to_checkpoint(args.result_log, self.checkpoints.log_position(latest))
         self.mllog = RunLogger(args.result_log, enabled=self.rank0, resumed=latest is not None)
         self.mllog.init_start()
         self.mllog.submission(cfg.mlperf)
@@ -251,12 +251,6 @@ class Trainer:
         self.counts.settle()
         self.saved.save(self.state)
 
-    def rewind(self, log: Path, position: int | None) -> None:
-        """A resumed run continues from its checkpoint: what the log gained after it (an evaluation, a
-        block) is cut, because the run logs it again when it gets there (never twice)."""
-        if cut := rewind_log(log, position):
-            self.say(f"{log.name}: {cut} byte(s) logged after the checkpoint cut (the resumed run logs them again)")
-
     # ---- helpers ------------------------------------------------------------------------------
 
     def say(self, text: str) -> None:
@@ -267,6 +261,13 @@ class Trainer:
         self.data.close()
         self.mllog.close()
         distributed.keep_until_exit(self.ddp)
+
+
+def rewind_to_checkpoint(log: Path, position: int | None) -> None:
+    """A resumed run continues from its checkpoint: what the log gained after it (an evaluation, a
+    block) is cut, because the run logs it again when it gets there (never twice)."""
+    if cut := rewind_log(log, position):
+        print(f"{log.name}: {cut} byte(s) logged after the checkpoint cut (the resumed run logs them again)", flush=True)
 
 
 def build_model(cfg: RunConfig, device: torch.device) -> BertForPreTraining:
