@@ -338,6 +338,12 @@ def plot_path_problem(path: str | None) -> str | None:
         return None
     if not path.strip() or Path(path).is_dir() or path.endswith(os.sep):
         return f"--plot {path!r}: expected the path of a PNG file to write, not a folder"
+    probe = Path(path).with_name(f".{Path(path).name}.partial")
+    try:  # before the simulation: a place that takes no file is refused at once
+        probe.open("wb").close()
+        probe.unlink()
+    except OSError as e:
+        return f"--plot {path}: cannot write: {e.strerror or e}"
     return None
 
 
