@@ -57,6 +57,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def preflight(args: argparse.Namespace) -> str | None:
     """What makes the suite unable to start, in one line; None when it can."""
+    if problem := settings_problem(args):  # first: they need no import
+        return problem
     for module in NEEDED:
         try:
             __import__(module)
@@ -69,6 +71,11 @@ def preflight(args: argparse.Namespace) -> str | None:
     unknown = [n for n in (args.stages or "").split(",") if n and n not in BY_NAME]
     if unknown:
         return f"--stages: unknown {unknown}; the stages are {', '.join(BY_NAME)}"
+    return None
+
+
+def settings_problem(args: argparse.Namespace) -> str | None:
+    """A run that would check nothing (no stage, no budget) or write nowhere (--out), in one line."""
     if args.stages is not None and not any(args.stages.split(",")):
         return f"--stages names no stage; the stages are {', '.join(BY_NAME)}"
     if not (math.isfinite(args.budget) and args.budget > 0):
