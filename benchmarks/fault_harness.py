@@ -142,12 +142,25 @@ def rebuild(crash: Crash, reference: Path, log: bytes, folder: Path) -> Path:
     return result
 
 
+FIXED = True  # False: behave as before issue 37 (undo_fixes)
+
+
+def undo_fixes() -> None:
+    """The trainer and status as they were: the log is never rewound, a logged run_stop stops nothing."""
+    import trainer.train
+
+    global FIXED
+    FIXED = False
+    trainer.train.rewind_log = lambda log, position: 0
+    trainer.train.logged_run_stop = lambda path: None
+
+
 def resume(recipe: Path, folder: Path, result: Path) -> str:
     """What `bertctl resume` and the job script do with the run; returns what happened."""
     from orchestrator import results
 
     summary = results.summarize(result)
-    if summary.finished and summary.problem is None:
+    if FIXED and summary.finished and summary.problem is None:
         return "finished: not resumed"  # status shows it COMPLETED (orchestrator/status.py::ended_by_its_log)
     if not (folder / "checkpoints" / "run_0" / "latest").exists():
         result.unlink()  # no checkpoint: `resume` clears runs/N.started and the script starts the log afresh
@@ -203,7 +216,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cases", type=int, default=0, help="at most this many crash states, drawn at random (0: all)")
     parser.add_argument("--torn", type=int, default=3, help="cuts inside a line, drawn at random")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--with-checkpoint", action="store_true",
+                        help="only the crash states with a checkpoint (the others start afresh, the same with or without the fixes)")
+    parser.add_argument("--without-fixes", action="store_true",
+                        help="as before issue 37: no log rewind; a logged run_stop neither stops the trainer nor counts as finished")
     args = parser.parse_args(argv)
+    if args.without_fixes:
+        undo_fixes()
     rng = random.Random(args.seed)
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="fault-harness-") as tmp:
@@ -212,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
         result = reference / "results" / "result_0.txt"
         log, expected = result.read_bytes(), events(result)
         cases = crashes(log, checkpoint_positions(reference), args.torn, rng)
+        if args.with_checkpoint:
+            cases = [c for c in cases if c.step is not None]
         if args.cases:
             cases = sorted(rng.sample(cases, min(args.cases, len(cases))), key=lambda c: (c.cut, c.step or -1))
         counts, examples, actions, moments = Counter(), {}, Counter(), Counter()
