@@ -90,7 +90,7 @@ def _key(line: bytes) -> str | None:
 
 def train(recipe: Path, out: Path) -> int:
     """One trainer run in this process (the torch import is paid once), its chatter swallowed."""
-    from trainer.train import main
+    from trainer.loop.train import main
 
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         return main(["--config", str(recipe), "--out", str(out), "--seed", SEED])
@@ -147,7 +147,7 @@ FIXED = True  # False: behave as before issue 37 (undo_fixes)
 
 def undo_fixes() -> None:
     """The trainer and status as they were: the log is never rewound, a logged run_stop stops nothing."""
-    import trainer.train
+    import trainer.loop.train
 
     global FIXED
     FIXED = False
@@ -157,11 +157,11 @@ def undo_fixes() -> None:
 
 def resume(recipe: Path, folder: Path, result: Path) -> str:
     """What `bertctl resume` and the job script do with the run; returns what happened."""
-    from orchestrator import results
+    from orchestrator.results import summary as results
 
     summary = results.summarize(result)
     if FIXED and summary.finished and summary.problem is None:
-        return "finished: not resumed"  # status shows it COMPLETED (orchestrator/status.py::ended_by_its_log)
+        return "finished: not resumed"  # status shows it COMPLETED (orchestrator/jobs/status.py::ended_by_its_log)
     if not (folder / "checkpoints" / "run_0" / "latest").exists():
         result.unlink()  # no checkpoint: `resume` clears runs/N.started and the script starts the log afresh
     code = train(recipe, folder)

@@ -38,7 +38,7 @@ from gpu.stages import BY_NAME, STAGES, Stage, write_record  # noqa: E402
 
 # what the product path imports beyond torch: a missing one is a carried wheel not installed
 NEEDED = ["pydantic", "yaml", "jinja2", "numpy", "h5py", "mlperf_logging.mllog", "trainer.config", "trainer.mlperf",
-          "orchestrator.cli", "orchestrator.results", "orchestrator.compliance"]
+          "orchestrator.cli", "orchestrator.results", "orchestrator.results.compliance"]
 HINT = "make gpu-wheels, then bash benchmarks/gpu/device_run.sh installs it"
 
 

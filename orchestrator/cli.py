@@ -16,7 +16,7 @@ from orchestrator.errors import UserError, WorkFailed
 
 
 def cmd_clusters(args: argparse.Namespace) -> int:
-    from orchestrator.clusters import cluster_files, load_cluster
+    from orchestrator.config.clusters import cluster_files, load_cluster
 
     for name in cluster_files():
         try:
@@ -28,8 +28,8 @@ def cmd_clusters(args: argparse.Namespace) -> int:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    from orchestrator.clusters import load_cluster
-    from orchestrator.render import render
+    from orchestrator.config.clusters import load_cluster
+    from orchestrator.rendering.render import render
 
     cluster = load_cluster(args.cluster, args.override)
     sys.stdout.write(render(cluster, nexp=args.nexp, program="probe" if args.probe else "train"))
@@ -37,9 +37,9 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from orchestrator import submit as submission
-    from orchestrator.clusters import load_cluster
-    from orchestrator.render import render
+    from orchestrator.config.clusters import load_cluster
+    from orchestrator.jobs import submit as submission
+    from orchestrator.rendering.render import render
 
     cluster = load_cluster(args.cluster, args.override)
     program = "probe" if args.probe else "train"
@@ -54,21 +54,22 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 def submit_and_report(cluster, nexp: int, program: str, follow: bool, note: str = "") -> int:
     """Submit; the experiment id on stdout as soon as the job exists, the rest on stderr."""
-    from orchestrator import submit as submission
+    from orchestrator.jobs import submit as submission
 
     exp = submission.submit(cluster, nexp, program)
     print(f"submitted {exp.id}{note}: {exp.nexp} run(s) on {exp.cluster}, job(s) {', '.join(exp.job_ids)}", file=sys.stderr)
     print(f"  follow it: bertctl status {exp.id}   bertctl logs {exp.id} -f", file=sys.stderr)
     print(exp.id, flush=True)
     if follow:
-        from orchestrator.follow import follow as follow_experiment
+        from orchestrator.jobs.follow import follow as follow_experiment
 
         return follow_experiment(exp, stderr_console())
     return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from orchestrator import experiments, status
+    from orchestrator import experiments
+    from orchestrator.jobs import status
 
     damaged = []
     if args.experiment is not None:  # `status ""` is refused, not a listing of everything
@@ -92,13 +93,15 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    from orchestrator import experiments, logs
+    from orchestrator import experiments
+    from orchestrator.jobs import logs
 
     return logs.show(experiments.find(args.experiment), args.run, args.rank, args.follow, grep=args.grep, last=args.n)
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    from orchestrator import experiments, lifecycle
+    from orchestrator import experiments
+    from orchestrator.jobs import lifecycle
 
     exp = experiments.find(args.experiment)
     if not lifecycle.cancel(exp):
@@ -110,20 +113,22 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    from orchestrator import experiments, lifecycle
+    from orchestrator import experiments
+    from orchestrator.jobs import lifecycle
 
     exp = lifecycle.resume(experiments.find(args.experiment), args.run)
     print(f"resumed {exp.id}: job(s) {', '.join(exp.job_ids)}", file=sys.stderr)
     print(exp.id)
     if args.follow:
-        from orchestrator.follow import follow
+        from orchestrator.jobs.follow import follow
 
         return follow(exp, stderr_console())
     return 0
 
 
 def cmd_rerun(args: argparse.Namespace) -> int:
-    from orchestrator import experiments, lifecycle
+    from orchestrator import experiments
+    from orchestrator.jobs import lifecycle
 
     original = experiments.find(args.experiment)
     cluster = lifecycle.rerun_cluster(original, args.override)
@@ -132,7 +137,8 @@ def cmd_rerun(args: argparse.Namespace) -> int:
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
-    from orchestrator import experiments, lifecycle
+    from orchestrator import experiments
+    from orchestrator.jobs import lifecycle
 
     a, b = experiments.find(args.first), experiments.find(args.second)
     differences = lifecycle.config_differences(a, b)
@@ -166,7 +172,8 @@ def _cell(value) -> str:
 
 
 def cmd_rehearsal(args: argparse.Namespace) -> int:
-    from orchestrator import experiments, rehearsal
+    from orchestrator import experiments
+    from orchestrator.checks import rehearsal
 
     verdict = rehearsal.assess(experiments.find(args.experiment))
     if args.json:
@@ -177,7 +184,7 @@ def cmd_rehearsal(args: argparse.Namespace) -> int:
 
 
 def cmd_compliance_check(args: argparse.Namespace) -> int:
-    from orchestrator import resultset, verdict
+    from orchestrator.results import resultset, verdict
 
     rs = resultset.load(args.experiment, args.results)
     report = verdict.assess(rs, ruleset=args.ruleset, werror=args.werror, with_score=not args.no_score)
@@ -190,7 +197,8 @@ def cmd_compliance_check(args: argparse.Namespace) -> int:
 def cmd_package(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from orchestrator import experiments, package, resultset
+    from orchestrator import experiments
+    from orchestrator.results import package, resultset
 
     rs = resultset.from_experiment(experiments.find(args.experiment))
     try:
@@ -205,7 +213,7 @@ def cmd_package(args: argparse.Namespace) -> int:
 def cmd_plot(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from orchestrator import plot, resultset
+    from orchestrator.results import plot, resultset
 
     if args.out and Path(args.out).suffix.lower() != ".png":
         raise UserError(f"--out: the plot is a PNG file: the name must end in .png, got {args.out!r}")
@@ -306,19 +314,19 @@ def cmd_balance(argv: list[str]) -> int:
     (its options are its own: `bertctl balance --help`); `--cluster C` fills them from a cluster file."""
     import subprocess
 
-    from orchestrator.balance import simulator_arguments
+    from orchestrator.checks.balance import simulator_arguments
 
     try:
         argv = simulator_arguments(argv)
     except UserError as e:
         say_line(f"bertctl: error: {e}")
         return 2
-    return subprocess.call([sys.executable, "-m", "trainer.simulate_balance", *argv])
+    return subprocess.call([sys.executable, "-m", "trainer.balance.simulate", *argv])
 
 
 def cmd_preflight(args: argparse.Namespace) -> int:
-    from orchestrator import preflight
-    from orchestrator.clusters import load_cluster
+    from orchestrator.checks import preflight
+    from orchestrator.config.clusters import load_cluster
 
     preflight.check_threshold(args.threshold)  # before anything is submitted
     cluster = load_cluster(args.cluster, args.override)
@@ -454,7 +462,7 @@ def experiment_arg(p: argparse.ArgumentParser, nargs: str | None = None,
 # ---- shell completion (argcomplete): `eval "$(register-python-argcomplete bertctl)"`
 
 def complete_clusters(prefix: str, **_) -> list[str]:
-    from orchestrator.clusters import cluster_files
+    from orchestrator.config.clusters import cluster_files
 
     return [name for name in cluster_files() if name.startswith(prefix)]
 
@@ -470,8 +478,8 @@ def complete_experiments(prefix: str, **_) -> list[str]:
 
 def complete_keys(prefix: str, **_) -> list[str]:
     """`-o` keys of the cluster schema, completed one level at a time (`run.` -> `run.optim.` ...)."""
-    from orchestrator.clusters import ClusterConfig
-    from orchestrator.configfile import schema_keys
+    from orchestrator.config.clusters import ClusterConfig
+    from orchestrator.config.configfile import schema_keys
 
     key = prefix.partition("=")[0]
     return [k for k in schema_keys(ClusterConfig) if k.startswith(key)]

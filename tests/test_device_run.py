@@ -37,7 +37,7 @@ IMAGE_HAS = ["torch", "numpy", "h5py", "pyyaml", "jinja2", "rich", "protobuf", "
 IMAGE_LACKS = ["pydantic", "pydantic-core", "mlperf-logging", "madgrad", "argcomplete", "google-crc32c", "annotated-types",
                "typing-inspection"]
 STAGE_FILES = ["a_environment.json", "b_product.json", "c_parity_attention.json", "d_precision.json", "e_throughput.json",
-               "f_trainer_sync.json", "g_apex.json"]  # benchmarks/gpu/stages.py::STAGES
+               "f_trainer_sync.json", "g_apex.json", "h_profile.json"]  # benchmarks/gpu/stages.py::STAGES
 
 
 def closure(names: list[str]) -> set[str]:

@@ -15,9 +15,10 @@ from conftest import REPO
 from mllog_factory import RunSpec, write_log
 from registry_records import record
 
-from orchestrator import experiments, lifecycle, status
+from orchestrator import experiments
 from orchestrator.errors import UserError
-from orchestrator.scheduler import State
+from orchestrator.jobs import lifecycle, status
+from orchestrator.jobs.scheduler import State
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 import fault_harness as harness  # noqa: E402
@@ -75,7 +76,7 @@ def test_a_kill_after_an_evaluation_before_the_next_checkpoint_logs_it_once(refe
 def test_without_the_rewind_the_same_kill_doubles_the_evaluation(reference, monkeypatch):
     """The harness can fail: with the checkpoint's log position ignored, the resumed run logs the
     evaluation a second time (what happened before the fix)."""
-    import trainer.train
+    import trainer.loop.train
 
     monkeypatch.setattr(trainer.train, "rewind_log", lambda log, position: 0)
     _, _, _, log, positions = reference

@@ -17,9 +17,10 @@ import pytest
 from conftest import run_bertctl, run_cli
 from registry_records import record
 
-from orchestrator import experiments, lifecycle, scheduler, status
-from orchestrator.executors import LocalScriptExecutor, LocalScriptJob
-from orchestrator.scheduler import State
+from orchestrator import experiments
+from orchestrator.jobs import lifecycle, scheduler, status
+from orchestrator.jobs.executors import LocalScriptExecutor, LocalScriptJob
+from orchestrator.jobs.scheduler import State
 
 EXP = "c-20260101-000000-aaaaaaaa"
 

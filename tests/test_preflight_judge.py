@@ -14,7 +14,7 @@ import pytest
 from conftest import run_cli
 from synthetic import tiny_run_config
 
-from orchestrator import preflight
+from orchestrator.checks import preflight
 from orchestrator.errors import UserError
 
 
@@ -74,7 +74,7 @@ def test_a_zero_algbw_gives_no_prediction_instead_of_a_zero_division(tmp_path):
 
 
 def test_a_prediction_out_of_bounds_is_refused(monkeypatch):
-    from orchestrator import predict
+    from orchestrator.checks import predict
 
     class Absurd:
         def as_json(self):

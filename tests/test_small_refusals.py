@@ -42,8 +42,8 @@ def test_pack_average_below_one_sequence_is_refused(average):
 
 
 def balance(*args: str) -> subprocess.CompletedProcess:
-    """`bertctl balance` in this process (what the CLI runs as `python -m trainer.simulate_balance`)."""
-    from trainer.simulate_balance import main
+    """`bertctl balance` in this process (what the CLI runs as `python -m trainer.balance.simulate`)."""
+    from trainer.balance.simulate import main
 
     return in_process(main, ["--ranks", "8", "--batch", "4", "--steps", "2", *args])
 

@@ -142,7 +142,7 @@ class BalanceConfig(Section):
     group_size: int = Field(8, ge=1)
     snake: bool = True
     # packing: a rank's micro-batch is batch_size packs (rows of at most max_seq_length tokens), packed
-    # from windows of pack_window samples (trainer/balance.py::pack_sequences; the next window is packed
+    # from windows of pack_window samples (trainer/balance/algorithms.py::pack_sequences; the next window is packed
     # while the current one trains)
     packing: bool = False
     pack_window: int = Field(16384, ge=1)
@@ -178,7 +178,7 @@ class RuntimeConfig(Section):
     kernels: Literal["torch", "apex"] = "torch"
     unpad: bool = False
     # variable-length attention (with unpad): auto takes flash_attn, else PyTorch's own flash kernel
-    # on jagged NestedTensors (CUDA fp16/bf16), else one SDPA call per sequence (see trainer/attention.py)
+    # on jagged NestedTensors (CUDA fp16/bf16), else one SDPA call per sequence (see trainer/model/attention.py)
     attention: Literal["auto", "flash_attn", "nested", "per_sequence"] = "auto"
     # torch.compile the encoder layers' pointwise tails; falls back to eager with a warning if compiling fails
     compile: bool = False

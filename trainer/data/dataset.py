@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trainer.balance import pack_sequences, quotas_from_counts
+from trainer.balance.algorithms import pack_sequences, quotas_from_counts
 from trainer.config import BIN_EDGES, BalanceConfig, DataConfig, expand_path
 from trainer.data.layout import Sample, Shard, ShardError, sample_count, shard_files
 
