@@ -330,13 +330,14 @@ def cmd_preflight(args: argparse.Namespace) -> int:
 
     preflight.check_threshold(args.threshold)  # before anything is submitted
     cluster = load_cluster(args.cluster, args.override)
+    preflight.check_settings(os.environ)
     exp, verdict = preflight.run(cluster, args.threshold, say_line)
     if args.json:
-        print(json.dumps(verdict.as_json(), indent=2))
+        print(preflight.strict_json(verdict.as_json()))
     else:
         preflight.print_tables(verdict, console(sys.stdout))
     say_line(f"figures: {exp.path / 'preflight.json'}")
-    return 1 if verdict.flagged else 0
+    return 1 if verdict.failed else 0
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -406,3 +406,16 @@ def test_a_shard_without_samples_stops_the_trainer_instead_of_spinning(layout, t
             data.next_samples()
     finally:
         data.close()
+
+
+@pytest.mark.parametrize("kind", [h5py.string_dtype(), h5py.string_dtype("ascii")])
+def test_a_shard_of_strings_is_refused_naming_the_field(kind, tmp_path):
+    """Variable-length strings where token ids belong: h5py reports their type as `str`/`bytes`, no dtype."""
+    path = tmp_path / "strings.hdf5"
+    rng = np.random.default_rng(0)
+    write_shard(path, [make_sample(rng, 64, 64, 10) for _ in range(4)], layout="varlen")
+    with h5py.File(path, "r+") as f:
+        del f["input_ids"]
+        f.create_dataset("input_ids", data=np.array(["1 2 3"] * 4, dtype=object), dtype=kind)
+    with pytest.raises(ShardError, match=r"strings\.hdf5: input_ids holds (str|bytes) values, expected integers"):
+        Shard(path)

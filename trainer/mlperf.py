@@ -11,6 +11,7 @@ its file handler appends, so each logger here gets its own `logging.Logger` with
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import re
 import sys
@@ -18,6 +19,8 @@ from pathlib import Path
 
 from mlperf_logging.mllog import constants as K
 from mlperf_logging.mllog import mllog
+
+from trainer.config.regular import open_regular
 
 # Two call frames sit between the caller and mllog: the public method and `_emit`.
 _STACK_OFFSET = 3
@@ -167,6 +170,31 @@ class RunLogger:
     def close(self) -> None:
         if self._log:
             self._log.close()
+
+
+def logged_run_stop(path: str | Path) -> str | None:
+    """The status of the run_stop a result log holds (its last whole line that is one), or None: a log
+    holding run_stop is a run that ended, whose result must never be appended to or rewound."""
+    status = None
+    try:
+        with open_regular(path, "rb") as f:
+            for raw in f:
+                if b'"run_stop"' in raw and raw.endswith(b"\n"):  # a line cut by a crash is no event
+                    status = _run_stop_status(raw) or status
+    except OSError:  # no log yet (or none readable): no run_stop
+        return None
+    return status
+
+
+def _run_stop_status(raw: bytes) -> str | None:
+    try:
+        event = json.loads(raw.decode("utf-8", errors="replace").partition(":::MLLOG")[2])
+    except ValueError:
+        return None
+    if not isinstance(event, dict) or event.get("key") != K.RUN_STOP or not isinstance(event.get("metadata"), dict):
+        return None
+    status = event["metadata"].get(K.STATUS)
+    return status if isinstance(status, str) else None
 
 
 def log_cache_clear(path: str | Path) -> None:

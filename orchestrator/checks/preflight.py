@@ -20,6 +20,7 @@ pairwise figure is its best round.
 from __future__ import annotations
 
 import json
+import math
 import re
 import statistics
 import subprocess
@@ -28,6 +29,7 @@ from pathlib import Path
 
 from orchestrator.errors import UserError, WorkFailed
 from orchestrator.experiments import Experiment
+from trainer.config.regular import read_regular_text
 
 MEASURES = {  # in the order a rank measures them; label, and whether it can tell nodes apart
     "matmul": "matmul at the model's GEMM shapes",
@@ -41,6 +43,26 @@ MEASURES = {  # in the order a rank measures them; label, and whether it can tel
 }
 PAIR_PREFIX = "allreduce_pair_"
 DEFAULT_THRESHOLD = 10.0
+
+
+# the settings each rank reads from its environment (trainer/launch/preflight.py::main): name, kind, bounds
+SETTINGS = {"BERTCTL_PREFLIGHT_WINDOW": (float, 1e-3, 3600.0, "seconds per timing window"),
+            "BERTCTL_PREFLIGHT_WINDOWS": (int, 1, 1000, "timing windows per figure"),
+            "BERTCTL_PREFLIGHT_STEPS": (int, 1, 100_000, "training steps timed")}
+ASCII_NUMBER = {float: re.compile(r"[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?"), int: re.compile(r"[0-9]+")}
+
+
+def check_settings(environ) -> None:
+    """The preflight settings in the environment, refused in one line before anything is submitted: a
+    rank that got `nan` seconds per window would measure forever, and `0` steps would blame the machine."""
+    for name, (kind, low, high, what) in SETTINGS.items():
+        text = environ.get(name)
+        if text is None:
+            continue
+        value = kind(text) if ASCII_NUMBER[kind].fullmatch(text.strip()) else None
+        if value is None or not low <= value <= high:
+            expected = "a whole number" if kind is int else "a number"
+            raise UserError(f"must be {expected} of {what} from {low:g} to {high:g}, got {text[:40]!r}", where=name)
 
 
 def check_threshold(threshold: float) -> None:
@@ -76,6 +98,12 @@ class Verdict:
     medians: dict[str, float]
     excluded: str | None = None  # the cluster's slurm.exclude already: the override keeps it
     time_to_train: dict | None = None  # predict.Prediction.as_json(), or {"error": why not}
+    broken: dict[str, str] = field(default_factory=dict)  # measures no rank measured sensibly: why
+
+    @property
+    def failed(self) -> bool:
+        """A node is flagged or a measure failed everywhere: the verb's exit code is 1."""
+        return bool(self.flagged or self.broken)
 
     @property
     def flagged(self) -> list[str]:
@@ -89,20 +117,98 @@ class Verdict:
     def as_json(self) -> dict:
         return {"experiment": self.experiment, "threshold": self.threshold, "flagged": self.flagged,
                 "override": self.override(), "medians": self.medians,
-                "nodes": [asdict(n) | {"flagged": n.flagged} for n in self.nodes], "time_to_train": self.time_to_train}
+                "nodes": [asdict(n) | {"flagged": n.flagged} for n in self.nodes], "time_to_train": self.time_to_train,
+                "broken_measures": self.broken}
 
 
 # ---- gathering ---------------------------------------------------------------------------------
 
+RANK_FILE = re.compile(r"rank_(\d{1,9})\.json")
+MAX_RANK_FILE_BYTES = 16 << 20
+# the figures' fields the prediction divides by or adds up (orchestrator/checks/predict.py::from_preflight)
+PREDICTION_FIELDS = {"train_compute": "compute_s", "allreduce_world": "algbw", "train_step": "step_s"}
+
+
 def rank_reports(exp_dir: Path) -> dict[int, dict]:
+    """Each rank's report by the rank its file is named after. A file that cannot be read as one (a
+    FIFO, not JSON: a rank that died while writing it) is a report that says so (`unreadable`)."""
     reports = {}
     for path in sorted((exp_dir / "preflight").glob("rank_*.json")):
+        match = RANK_FILE.fullmatch(path.name)
+        if match is None:
+            continue
+        rank = int(match.group(1))
         try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue  # a rank that died while writing: judged as missing
-        reports[int(data["rank"])] = data
+            reports[rank] = json.loads(read_regular_text(path, limit=MAX_RANK_FILE_BYTES))
+        except (OSError, ValueError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+            reports[rank] = {"rank": rank, "unreadable": f"{path.name}: {str(e).splitlines()[0][:200]}"}
     return reports
+
+
+def checked_reports(reports: dict[int, dict]) -> tuple[dict[int, dict], dict[str, str]]:
+    """The reports with every figure checked (a finite, positive number with a unit), and the measures
+    no rank measured sensibly (measure: why), which are failures of the measure, not of any node. A
+    figure that is wrong on some ranks only is a failure of the measure on those ranks (an `errors`
+    entry naming the file)."""
+    checked = {rank: checked_report(rank, report) for rank, report in reports.items()}
+    valid = {m for r in checked.values() for m in r["measures"]}
+    broken: dict[str, str] = {}
+    for report in checked.values():
+        for measure, why in report.pop("invalid").items():
+            if measure not in valid and measure != "report":
+                broken.setdefault(measure, why)
+                report["errors"].pop(measure, None)
+    return checked, broken
+
+
+def checked_report(rank: int, report) -> dict:
+    name = f"rank_{rank}.json"
+    if not isinstance(report, dict) or "unreadable" in report:
+        why = report["unreadable"] if isinstance(report, dict) else f"{name}: not a JSON object"
+        return {"rank": rank, "node": None, "done": False, "measures": {}, "errors": {"report": why},
+                "invalid": {"report": why}}
+    out = {"rank": rank, "node": report.get("node") if isinstance(report.get("node"), str) else None,
+           "done": report.get("done") is True, "measures": {}, "errors": {}, "invalid": {}}
+    if type(report.get("rank")) is not int or report["rank"] != rank:
+        out["errors"]["report"] = f"{name}: its rank is {json.dumps(report.get('rank'))[:40]}, not {rank}"
+    if out["node"] is None:
+        out["errors"]["node"] = f"{name}: its node is {json.dumps(report.get('node'))[:40]}, not a name"
+    errors = report.get("errors", {})
+    if not isinstance(errors, dict):
+        errors = {"report": f"{name}: errors is {json.dumps(errors)[:40]}, not an object"}
+    for measure, error in errors.items():
+        out["errors"][str(measure)[:80]] = str(error)[:500]
+    measures = report.get("measures", {})
+    if not isinstance(measures, dict):
+        measures = {}
+        out["errors"]["report"] = f"{name}: measures is not an object"
+    for measure, figure in measures.items():
+        why = figure_problem(measure, figure)
+        if why is None:
+            out["measures"][measure] = figure
+        else:
+            key = "allreduce_pair" if measure.startswith(PAIR_PREFIX) else measure
+            out["errors"][key] = out["invalid"][key] = f"{name}: {measure} {why}"
+    return out
+
+
+def figure_problem(measure: str, figure) -> str | None:
+    """What is wrong with one figure, or None."""
+    if not isinstance(figure, dict):
+        return f"is {json.dumps(figure)[:40]}, not a figure"
+    if not isinstance(figure.get("unit"), str) or not figure["unit"]:
+        return f"has no unit (unit is {json.dumps(figure.get('unit'))[:40]})"
+    for key in ("value", PREDICTION_FIELDS.get(measure)):
+        if key is None or (key != "value" and key not in figure):
+            continue
+        value = figure.get(key)
+        if not positive_number(value):
+            return f"{key} is {json.dumps(value)[:40]}, not a finite positive number"
+    return None
+
+
+def positive_number(value) -> bool:
+    return type(value) in (int, float) and math.isfinite(value) and 0 < value < 1e300
 
 
 def rank_figures(report: dict) -> dict[str, tuple[float, str]]:
@@ -120,7 +226,7 @@ def node_names(reports: dict[int, dict], world_size: int, per_node: int, allocat
     reports, else from the job's node list, else a description."""
     names = []
     for k in range(world_size // per_node):
-        seen = [reports[r]["node"] for r in range(k * per_node, (k + 1) * per_node) if r in reports]
+        seen = [reports[r]["node"] for r in range(k * per_node, (k + 1) * per_node) if r in reports and reports[r]["node"]]
         names.append(seen[0] if seen else allocated[k] if k < len(allocated) else f"node #{k} of the job")
     return names
 
@@ -129,6 +235,7 @@ def node_names(reports: dict[int, dict], world_size: int, per_node: int, allocat
 
 def assess(exp_id: str, reports: dict[int, dict], world_size: int, per_node: int, threshold: float,
            allocated: list[str] = ()) -> Verdict:
+    reports, broken = checked_reports(reports)
     names = node_names(reports, world_size, per_node, list(allocated))
     nodes = [NodeVerdict(name, list(range(k * per_node, (k + 1) * per_node))) for k, name in enumerate(names)]
     furthest = max((progress(r) for r in reports.values()), default=0)
@@ -148,7 +255,7 @@ def assess(exp_id: str, reports: dict[int, dict], world_size: int, per_node: int
             if figure.vs_median <= 1 - threshold / 100:
                 node.reasons.append(f"{MEASURES[measure]}: {figure.value:.4g} {figure.unit} on rank {figure.rank}, "
                                     f"{100 * (1 - figure.vs_median):.0f} % below the median {medians[measure]:.4g}")
-    return Verdict(exp_id, threshold, nodes, medians)
+    return Verdict(exp_id, threshold, nodes, medians, broken=broken)
 
 
 def progress(report: dict) -> int:
@@ -197,7 +304,7 @@ def run(cluster, threshold: float, say) -> tuple[Experiment, Verdict]:
                          f"{exp.log_file(0)} (`bertctl logs {exp.id}`)")
     verdict = assess(exp.id, reports, world, per_node, threshold, allocated_nodes(exp))
     verdict.excluded = config.slurm.exclude if config.executor == "slurm" else None
-    verdict.time_to_train = predicted_time(reports, config.run)
+    verdict.time_to_train = predicted_time(checked_reports(reports)[0], config.run)
     if final.state.value != "COMPLETED":
         blame_first_failure(verdict, exp.log_file(0))
     write_json(exp.path / "preflight.json", verdict.as_json() | {"job_state": final.state.value,
@@ -213,9 +320,12 @@ def predicted_time(reports: dict[int, dict], run) -> dict:
     from orchestrator.checks import predict
 
     try:
-        return predict.from_preflight(reports, run).as_json()
+        prediction = predict.from_preflight(reports, run).as_json()
     except predict.NoPrediction as why:
         return {"error": str(why)}
+    absurd = next((f"{key} is {value}" for key, value in prediction.items() if isinstance(value, (int, float))
+                   and not isinstance(value, bool) and not (math.isfinite(value) and value >= 0)), None)
+    return {"error": f"the figures predict nothing sensible ({absurd})"} if absurd else prediction
 
 
 SRUN_TASK_ERROR = re.compile(r"^srun: error: (\S+): tasks? ([\d,-]+): (.+)$")
@@ -250,14 +360,33 @@ def allocated_nodes(exp: Experiment) -> list[str]:
         return []
     if info is None or not info.node_list or info.node_list in ("None assigned", "(null)"):
         return []
-    out = subprocess.run(["scontrol", "show", "hostnames", info.node_list], capture_output=True, text=True)
+    try:
+        out = scheduler.run_command(["scontrol", "show", "hostnames", info.node_list])
+    except (OSError, subprocess.TimeoutExpired):
+        return []
     return out.stdout.split() if out.returncode == 0 else []
 
 
 def write_json(path: Path, data: dict) -> None:
     temporary = path.with_suffix(".json.tmp")
-    temporary.write_text(json.dumps(data, indent=2, sort_keys=True))
+    temporary.write_text(strict_json(data))
     temporary.replace(path)
+
+
+def strict_json(data) -> str:
+    """JSON without NaN or Infinity (which are no JSON: other tools refuse the file): such a number,
+    which a rank's file may hold, is written as null."""
+    return json.dumps(finite(data), indent=2, sort_keys=True, allow_nan=False)
+
+
+def finite(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [finite(v) for v in value]
+    return value
 
 
 def print_tables(verdict: Verdict, console) -> None:
@@ -282,6 +411,9 @@ def print_tables(verdict: Verdict, console) -> None:
                       f"leave them out with: {verdict.override()}", highlight=False, soft_wrap=True)
     else:
         console.print(f"no node flagged (threshold {verdict.threshold:g} % below the median)", highlight=False)
+    for measure, why in verdict.broken.items():
+        console.print(f"[red]measure failed[/red] {MEASURES.get(measure, measure)}: no rank measured it sensibly "
+                      f"({why}): a failure of the measure, not of a node", highlight=False, soft_wrap=True)
     if verdict.time_to_train is not None:
         from orchestrator.checks import predict
 

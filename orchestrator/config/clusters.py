@@ -18,6 +18,7 @@ from pydantic import AfterValidator, BeforeValidator, Field, StringConstraints, 
 
 from orchestrator import resources
 from orchestrator.config import configfile
+from orchestrator.errors import UserError
 from trainer.config import ConfigProblem, DataConfig, OptimConfig, RunConfig, RuntimeConfig, Section, TrainConfig, first_problem
 
 # Unicode's control (Cc), format (Cf: bidi overrides and isolates, zero-width characters) and line
@@ -57,7 +58,9 @@ Described = Annotated[str, StringConstraints(min_length=1), AfterValidator(_sing
 MountPath = Annotated[str, AfterValidator(_mount_path)]
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*\Z")  # \Z: "$" would let a final newline through
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
-TIME_RE = re.compile(r"^(?:(?P<days>\d{1,3})-)?(?P<parts>\d{1,4}(?::\d{2}){0,2})\Z")
+# [0-9], not \d: \d also matches other scripts' digits ("١٠"), which Slurm does not read
+TIME_RE = re.compile(r"^(?:(?P<days>[0-9]{1,3})-)?(?P<parts>[0-9]{1,4}(?::[0-9]{2}){0,2})\Z")
+MAX_TIME_S = ((999 * 24 + 23) * 60 + 59) * 60 + 59  # the longest time TIME_RE reads: 999-23:59:59
 
 
 def time_limit_seconds(text: str) -> int | None:
@@ -127,7 +130,12 @@ def training_time_limit(s: SlurmConfig, nexp: int) -> str:
     if s.time_per_run is None:
         return s.time_limit
     runs = 1 if s.nexp_mode == "array" else nexp
-    return slurm_time(runs * time_limit_seconds(s.time_per_run) + time_limit_seconds(s.time_margin))
+    seconds = runs * time_limit_seconds(s.time_per_run) + time_limit_seconds(s.time_margin)
+    if seconds > MAX_TIME_S:
+        raise UserError(f"{runs} run(s) x {s.time_per_run} + {s.time_margin} is {seconds // 86400:,} days, beyond "
+                        "the 999 days a Slurm time limit can say (fewer runs, or a shorter time_per_run)",
+                        key="slurm.time_per_run")
+    return slurm_time(seconds)
 
 
 def slurm_time(seconds: int) -> str:

@@ -39,6 +39,8 @@ from submitit.slurm.slurm import SlurmJob
 
 from trainer.config.regular import read_regular_text
 
+SUBMIT_TIMEOUT_S = 60  # sbatch's time to answer (orchestrator/jobs/scheduler.py::TIMEOUT_S for the other commands)
+
 
 class SubmissionRefused(Exception):
     """The scheduler refused the job (its message)."""
@@ -75,6 +77,8 @@ class ScriptExecutor(core.PicklingExecutor):
             for leftover in set(self.folder.iterdir()) - before:  # submitit's pickle and batch file
                 leftover.unlink()
             message = str(e).strip() or quiet.getvalue().strip()
+            if "status 124" in message:  # timeout's own exit status
+                message = f"sbatch did not answer within {SUBMIT_TIMEOUT_S} s"
             raise SubmissionRefused(message.splitlines()[-1] if message else type(e).__name__) from None
 
     # ---- submitit's plugin hooks (abstract in PicklingExecutor; tests/test_submitit_executor.py pins their shape)
@@ -103,8 +107,9 @@ class SlurmScriptExecutor(ScriptExecutor):
         self.sbatch_flags = list(sbatch_flags)
 
     def _make_submission_command(self, submission_file_path: Path) -> list[str]:
-        return self.in_environment(["sbatch", "--parsable", f"--chdir={self.folder}", *self.sbatch_flags,
-                                    str(submission_file_path)])
+        # coreutils' timeout: submitit runs the command without a time limit, and a hung slurmctld would hang submit
+        return self.in_environment(["timeout", str(SUBMIT_TIMEOUT_S), "sbatch", "--parsable", f"--chdir={self.folder}",
+                                    *self.sbatch_flags, str(submission_file_path)])
 
     @staticmethod
     def _get_job_id_from_submission_command(string: bytes | str) -> str:
@@ -175,14 +180,18 @@ class LocalScriptJob(core.Job):
         return not self.alive()
 
     def alive(self) -> bool:
-        """The pid is alive and still runs this experiment's script (not a recycled pid)."""
+        """The pid is alive and is the job: the leader of the session LOCAL_LAUNCHER made, running bash on
+        a script of this experiment. A recycled pid, or any process that merely names the experiment (a
+        `tail -f` of its log, an editor), is not the job: `cancel` must never signal it."""
         try:
             pid = int(self.job_id)
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-            stat = Path(f"/proc/{pid}/stat").read_text()
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            state, _, group, session = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[:4]
         except (OSError, ValueError):
             return False
-        return str(self.paths.folder).encode() in cmdline and stat.split(")")[-1].split()[0] != "Z"
+        if state == "Z" or int(group) != pid or int(session) != pid or len(args) < 2:
+            return False
+        return Path(os.fsdecode(args[0])).name == "bash" and Path(os.fsdecode(args[1])).parent == self.paths.folder
 
     def cancel(self, check: bool = True) -> None:
         """SIGTERM to the whole process group (the script and every rank it started), what scancel

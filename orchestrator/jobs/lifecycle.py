@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import subprocess
+import sys
 
 from orchestrator import experiments
 from orchestrator.config import configfile
 from orchestrator.errors import UserError, WorkFailed
 from orchestrator.experiments import Experiment
-from orchestrator.jobs import status
-from orchestrator.jobs.executors import LocalScriptJob, slurm_job
+from orchestrator.jobs import scheduler, status
+from orchestrator.jobs.executors import LocalScriptJob
 from orchestrator.jobs.scheduler import State
 
 
@@ -23,13 +24,39 @@ def cancel(exp: Experiment) -> bool:
         for job in alive:
             job.cancel()
         return bool(alive)
-    # one handle per submission: cancelling an array's id cancels every element it still has
-    for job_id in sorted({j.split("_")[0] for j in exp.job_ids}):
+    # one scancel per submission: cancelling an array's id cancels every element it still has
+    cancelled = False
+    for job_id, job in own_slurm_jobs(exp).items():
+        if job.state.finished:
+            continue  # already ended: it keeps its outcome
         try:
-            slurm_job(exp.path, job_id).cancel(check=True)
-        except (subprocess.CalledProcessError, OSError) as e:
+            out = scheduler.run_command(["scancel", job_id])
+        except (OSError, subprocess.TimeoutExpired) as e:
             raise WorkFailed(f"scancel {job_id} failed: {e}") from None
-    return True
+        if out.returncode:
+            raise WorkFailed(f"scancel {job_id} failed: {out.stderr.strip() or out.returncode}")
+        cancelled = True
+    return cancelled
+
+
+def own_slurm_jobs(exp: Experiment) -> dict[str, scheduler.JobInfo]:
+    """The experiment's Slurm submissions that are still its own, by base job id: a job id the scheduler
+    has no record of, or that names another job (a copied experiment, a reused id), is left alone."""
+    base_ids = sorted({j.split("_")[0] for j in exp.job_ids})
+    try:
+        known = scheduler.query_slurm(base_ids)
+    except scheduler.SchedulerError as e:
+        raise WorkFailed(f"cannot tell what the experiment's jobs are: {e}") from None
+    own = {}
+    for job_id in base_ids:
+        elements = [info for key, info in known.items() if key.split("_")[0] == job_id]
+        if elements and all(info.belongs_to(status.job_name(exp), exp.path) for info in elements):
+            running = [info for info in elements if not info.state.finished]
+            own[job_id] = running[0] if running else elements[0]
+        else:
+            print(f"{exp.id}: job {job_id} is not this experiment's any more (the scheduler has "
+                  f"{'another job under that id' if elements else 'no record of it'}): left alone", file=sys.stderr)
+    return own
 
 
 def resume(exp: Experiment, runs: list[int] | None = None) -> Experiment:

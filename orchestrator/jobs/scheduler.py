@@ -17,6 +17,7 @@ experiments, and the table is read by the watcher's public `read_info`.
 from __future__ import annotations
 
 import enum
+import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,11 +86,23 @@ class JobInfo:
     exit_code: str = ""
     node_list: str = ""
     reason: str = ""
+    name: str = ""  # the job's name and working directory: what tells an experiment's job from another
+    work_dir: str = ""  # job that has its id (a copied experiment, a purged and reused id)
+
+    def belongs_to(self, name: str, folder: Path) -> bool:
+        """This job is the one submitted as `name` from `folder` (what the scheduler does not say is no evidence against)."""
+        if self.name and self.name != name:
+            return False
+        return not self.work_dir or os.path.realpath(self.work_dir) == os.path.realpath(folder)
 
 
-SACCT_FIELDS = ["JobID", "State", "NNodes", "Elapsed", "ExitCode", "NodeList", "Reason"]
-SQUEUE_FORMAT = "%i|%T|%D|%M|%N|%r"  # the same fields, in that order (squeue has no exit code)
-SQUEUE_FIELDS = ["JobID", "State", "NNodes", "Elapsed", "NodeList", "Reason"]
+SACCT_FIELDS = ["JobID", "State", "NNodes", "Elapsed", "ExitCode", "NodeList", "Reason", "JobName", "WorkDir"]
+SQUEUE_FORMAT = "%i|%T|%D|%M|%N|%r|%j|%Z"  # the same fields, in that order (squeue has no exit code)
+SQUEUE_FIELDS = ["JobID", "State", "NNodes", "Elapsed", "NodeList", "Reason", "JobName", "WorkDir"]
+# how long one scheduler command may take: a hung slurmctld or slurmdbd must not hang a verb
+TIMEOUT_S = 60
+# a job accounting does not list yet may have just been submitted (slurmdbd records it a moment later)
+ACCOUNTING_GRACE_S = 120
 
 
 class SchedulerError(Exception):
@@ -106,8 +119,21 @@ def query_slurm(job_ids: list[str]) -> dict[str, JobInfo]:
         table = _run(["sacct", "-X", "--parsable2", "-o", ",".join(SACCT_FIELDS), *selection])
     except SchedulerError:
         # no accounting on this cluster: squeue only knows jobs that have not finished yet
-        rows = _run(["squeue", "-h", "-o", SQUEUE_FORMAT, "--jobs", ",".join(base_ids)], ok_codes=(0, 1))
-        table = "|".join(SQUEUE_FIELDS) + "\n" + rows
+        return query_queue(base_ids)
+    known = {job: _info(job, stats) for job, stats in parse_table(table).items()}
+    missing = [j for j in base_ids if not any(k.split("_")[0] == j for k in known)]
+    if missing:  # not in accounting (yet, or any more): the controller may still hold them
+        try:
+            known.update(query_queue(missing))
+        except SchedulerError:
+            pass
+    return known
+
+
+def query_queue(base_ids: list[str]) -> dict[str, JobInfo]:
+    """What squeue knows of these jobs: the ones queued or running (a finished job is absent)."""
+    rows = _run(["squeue", "-h", "-o", SQUEUE_FORMAT, "--jobs", ",".join(base_ids)], ok_codes=(0, 1))
+    table = "|".join(SQUEUE_FIELDS) + "\n" + rows
     return {job: _info(job, stats) for job, stats in parse_table(table).items()}
 
 
@@ -129,17 +155,31 @@ def _info(job: str, stats: dict[str, str]) -> JobInfo:
         exit_code=stats.get("ExitCode", ""),
         node_list=stats.get("NodeList", ""),
         reason=stats.get("Reason", "") if stats.get("Reason") not in ("None", "") else "",
+        name=stats.get("JobName", ""),
+        work_dir=stats.get("WorkDir", ""),
     )
 
 
 def _run(command: list[str], ok_codes: tuple[int, ...] = (0,)) -> str:
-    try:
-        out = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    try:  # errors="replace": a job name or path in another encoding must not take `status` down
+        out = run_command(command)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise SchedulerError(f"{command[0]}: {e}") from None
     if out.returncode not in ok_codes:
         raise SchedulerError(f"{command[0]}: {out.stderr.strip() or out.returncode}")
     return out.stdout
+
+
+def run_command(command: list[str], **kwargs) -> subprocess.CompletedProcess:
+    """A scheduler command (sacct, squeue, sbatch, scancel, sinfo) with a time limit (TIMEOUT_S), its
+    output decoded leniently. subprocess.TimeoutExpired when it takes longer."""
+    return subprocess.run(command, capture_output=True, text=True, errors="replace", timeout=TIMEOUT_S, **kwargs)
+
+
+def gone(job_id: str, why: str) -> JobInfo:
+    """A job the scheduler no longer knows as this experiment's: it is over, and the runs' own records
+    (exit files, their logs' run_stop) say how it went."""
+    return JobInfo(job_id, State.FAILED, "GONE", reason=why)
 
 
 def local_job_info(job_id: str, exp_dir: Path) -> JobInfo:

@@ -113,8 +113,43 @@ def job_info(exp: Experiment, run: int, slurm: dict[str, JobInfo]) -> JobInfo:
     job_id = exp.job_ids[run] if len(exp.job_ids) == exp.nexp else exp.job_ids[0]
     if exp.executor == "local":
         return scheduler.local_job_info(job_id, exp.path)
-    # just submitted: accounting has no record yet, but the job exists
-    return slurm.get(job_id) or JobInfo(job_id, State.PENDING, reason="not yet in accounting")
+    info, foreign = slurm.get(job_id), None
+    if info is not None and info.state is not State.UNKNOWN and not info.belongs_to(job_name(exp), exp.path):
+        # accounting's newest record under this id is another job's (a copied experiment, or ids that began
+        # again after a controller reset): the controller's queue may still hold this experiment's
+        foreign, info = info, queued_own_job(exp, job_id)
+    if info is None:
+        if seconds_since_submission(exp, job_id) < scheduler.ACCOUNTING_GRACE_S:
+            return JobInfo(job_id, State.PENDING, reason="not yet in accounting")  # just submitted
+        if foreign is not None:
+            return scheduler.gone(job_id, f"job {job_id} is another job ({foreign.name or '?'} in {foreign.work_dir or '?'})")
+        return scheduler.gone(job_id, f"the scheduler has no record of job {job_id}")
+    return info
+
+
+def queued_own_job(exp: Experiment, job_id: str) -> JobInfo | None:
+    """The experiment's job `job_id` as the controller's queue knows it (squeue), or None."""
+    try:
+        info = scheduler.query_queue([job_id.split("_")[0]]).get(job_id)
+    except scheduler.SchedulerError:
+        return None
+    return info if info is not None and info.belongs_to(job_name(exp), exp.path) else None
+
+
+def job_name(exp: Experiment) -> str:
+    """The name bertctl gives the experiment's jobs (orchestrator/rendering/render.py::sbatch_options)."""
+    return f"bert-{exp.cluster}"
+
+
+def seconds_since_submission(exp: Experiment, job_id: str) -> float:
+    """Since submitit wrote the job's batch file (`<id>_submission.sh`), or since the experiment was made."""
+    from orchestrator.jobs.executors import slurm_job
+
+    try:
+        submitted = slurm_job(exp.path, job_id).paths.submission_file.stat().st_mtime
+    except OSError:
+        submitted = exp.created
+    return time.time() - submitted
 
 
 def run_view(exp: Experiment, run: int, job: JobInfo) -> RunView:
@@ -131,6 +166,9 @@ def run_view(exp: Experiment, run: int, job: JobInfo) -> RunView:
     if damage:  # a run whose log breaks MLPerf's rules did not produce a result, whatever its exit code
         rv.state = State.FAILED if state == State.COMPLETED else state
         rv.error = damage
+    elif ended_by_its_log(state, rv, exit_file):
+        # the log's own run_stop is the run's end: a crash between it and the exit record loses nothing
+        rv.state = state = State.COMPLETED
     elif state == State.INTERRUPTED:
         update = checkpoint_update(exp, run)
         reached = f" at update {update}" if update is not None else ""
@@ -138,6 +176,11 @@ def run_view(exp: Experiment, run: int, job: JobInfo) -> RunView:
     elif state in (State.FAILED, State.TIMEOUT, State.UNKNOWN) or (state == State.CANCELLED and started.exists()):
         rv.error = last_error(exp, run, job)
     return rv
+
+
+def ended_by_its_log(state: State, rv: RunView, exit_file: Path) -> bool:
+    """A run whose (undamaged) MLPerf log holds run_stop, with no exit recorded and no job running it."""
+    return rv.outcome is not None and state not in (State.RUNNING, State.COMPLETED) and _read_exit(exit_file) is None
 
 
 def run_state(job: JobInfo, started: bool, exit_code: int | None, interrupted: bool = False) -> State:

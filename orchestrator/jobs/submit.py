@@ -21,6 +21,7 @@ from orchestrator import experiments, resources
 from orchestrator.config.clusters import LoadedCluster, time_limit_seconds, training_time_limit
 from orchestrator.errors import UserError, WorkFailed
 from orchestrator.experiments import Experiment
+from orchestrator.jobs import scheduler
 from orchestrator.jobs.executors import LocalScriptExecutor, SlurmScriptExecutor, SubmissionRefused
 from orchestrator.rendering import render as rendering
 from trainer.config import PathError, expand_path
@@ -110,7 +111,10 @@ def test_only(cluster: LoadedCluster, nexp: int, program: str = "train") -> str:
         raise UserError("--test-only needs a Slurm cluster (executor: slurm)", where="--cluster")
     require_slurm()
     script = rendering.render(cluster, nexp=nexp, program=program)
-    out = subprocess.run(["sbatch", "--test-only"], input=script, capture_output=True, text=True)
+    try:
+        out = scheduler.run_command(["sbatch", "--test-only"], input=script)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise WorkFailed(f"sbatch --test-only: {e}") from None
     message = (out.stderr + out.stdout).strip()
     if out.returncode:
         raise UserError(f"Slurm rejects the job: {_last_line(message)}", where="sbatch --test-only")
@@ -130,7 +134,7 @@ def check_slurm_request(cluster: LoadedCluster) -> None:
     check_gpus(cluster)
     partition = cluster.config.slurm.partition
     command = ["sinfo", "-h", "-o", "%D"] + (["-p", partition] if partition else [])
-    out = subprocess.run(command, capture_output=True, text=True)
+    out = sinfo(command)
     counts = [int(x) for x in out.stdout.split() if x.isdigit()]
     if out.returncode == 0 and counts:
         available = max(counts) if not partition else sum(counts)
@@ -142,12 +146,19 @@ def check_slurm_request(cluster: LoadedCluster) -> None:
         raise UserError(f"Slurm knows no partition '{partition}'", where=str(cluster.path), key="slurm.partition")
 
 
+def sinfo(command: list[str]) -> subprocess.CompletedProcess:
+    """sinfo's answer; one that does not come in time counts as a failed sinfo (sbatch will say what is wrong)."""
+    try:
+        return scheduler.run_command(command)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return subprocess.CompletedProcess(command, 1, "", str(e))
+
+
 def check_time_limit(cluster: LoadedCluster, nexp: int) -> None:
     """The job's time limit (all NEXP runs in loop mode) must fit the partition's MaxTime (sinfo's %l;
     the default partition, marked *, when the cluster names none)."""
     s = cluster.config.slurm
-    out = subprocess.run(["sinfo", "-h", "-o", "%P %l"] + (["-p", s.partition] if s.partition else []),
-                         capture_output=True, text=True)
+    out = sinfo(["sinfo", "-h", "-o", "%P %l"] + (["-p", s.partition] if s.partition else []))
     if out.returncode:
         return  # sbatch will say it
     limits = dict(line.split()[:2] for line in out.stdout.splitlines() if len(line.split()) >= 2)
@@ -168,8 +179,7 @@ def check_gpus(cluster: LoadedCluster) -> None:
     if not wanted:
         return
     partition = cluster.config.slurm.partition
-    out = subprocess.run(["sinfo", "-h", "-o", "%G"] + (["-p", partition] if partition else []),
-                         capture_output=True, text=True)
+    out = sinfo(["sinfo", "-h", "-o", "%G"] + (["-p", partition] if partition else []))
     if out.returncode:
         return  # sbatch will say it
     counts = [gres_gpus(g) for g in out.stdout.split()]

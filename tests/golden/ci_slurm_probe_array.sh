@@ -114,6 +114,10 @@ requeue_run() {
 # skipped; a run that saved a checkpoint on SIGUSR2/SIGTERM (exit 75) is requeued where the
 # scheduler can, else marked interrupted for `bertctl resume`. (Called as `run_one || ...`, where bash
 # ignores set -e: every step checks its own status.)
+# The ranks' output into the run's log. tee ignores SIGTERM: a TERM to the whole job (`bertctl cancel`,
+# scancel) reaches the ranks, which checkpoint and say so as they stop; a tee it killed would cut their
+# output, and them, on SIGPIPE, mid-checkpoint.
+keep_log() { trap '' TERM; exec tee -a "$1"; }
 run_one() {
   local i=$1 seed=${SEEDS[$1]}
   local result="$EXP_DIR/results/result_$i.txt" log="$EXP_DIR/logs/run_$i.log"
@@ -130,7 +134,8 @@ run_one() {
     touch "$EXP_DIR/runs/$i.started"
   fi
   set +e
-  launch_ranks "$i" "$seed" 2>&1 | tee -a "$log"
+  # (the launching subshell outlives a SIGTERM too, to hand on the ranks' own exit status)
+  { trap ':' TERM; launch_ranks "$i" "$seed"; } 2>&1 | keep_log "$log"
   local rc=${PIPESTATUS[0]}
   set -e
   if [ "$rc" -eq 75 ]; then

@@ -26,7 +26,10 @@ in the exchange (int16 rows, as trainer/parallel/exchange.py sends them).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
+import os
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -240,8 +243,17 @@ def plot(results: list[Result], source: str, seed: int, counts: np.ndarray, path
     ax.set_title(f"Per-rank load, {results[0].ranks} ranks x {results[0].batch} sequences, group {results[0].group}\n{source}")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    # written beside it, then renamed: a full disk or a place that takes no file leaves no half-written PNG
+    partial = path.with_name(f".{path.name}.partial")
+    try:
+        fig.savefig(partial, dpi=120, format="png")
+        os.replace(partial, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            partial.unlink(missing_ok=True)
+        raise
+    finally:
+        plt.close(fig)
     return path
 
 
@@ -273,9 +285,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     for name, value, most in (("--ranks", args.ranks, MAX_RANKS), ("--batch", args.batch, MAX_BATCH),
                               ("--group", args.group, MAX_RANKS), ("--steps", args.steps, MAX_STEPS),
-                              ("--pack-sequences", args.pack_sequences or 1, MAX_BATCH), ("--pack-window", args.pack_window, MAX_DRAWS)):
+                              ("--pack-sequences", 1 if args.pack_sequences is None else args.pack_sequences, MAX_BATCH),
+                              ("--pack-window", args.pack_window, MAX_DRAWS)):
         if not 1 <= value <= most:
             return _bad(f"{name} must be 1..{most:,}, got {value}")
+    if problem := pack_average_problem(args.pack_average, args.pack_sequences):
+        return _bad(problem)
+    if problem := plot_path_problem(args.plot):
+        return _bad(problem)
     if args.ranks * args.batch * args.steps > MAX_DRAWS:
         return _bad(f"--ranks x --batch x --steps must be at most {MAX_DRAWS:,} sequences (fewer --steps)")
     if not 0 <= args.seed < 2**63:
@@ -298,8 +315,36 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print_table(results, source, args.label)
     if args.plot:
-        print(plot(results, source, args.seed, counts, Path(args.plot), packing), file=sys.stderr if args.json else sys.stdout)
+        try:
+            written = plot(results, source, args.seed, counts, Path(args.plot), packing)
+        except OSError as e:
+            return _bad(f"--plot {args.plot}: cannot write: {e.strerror or e}")
+        print(written, file=sys.stderr if args.json else sys.stdout)
     return 0
+
+
+def pack_average_problem(average: float | None, most: int | None) -> str | None:
+    """--pack-average: a finite number of sequences from 1 (a pack holds one or more) to --pack-sequences."""
+    if average is None:
+        return None
+    if not (math.isfinite(average) and 1 <= average <= (most or MAX_BATCH)):
+        return f"--pack-average must be a number of sequences per pack from 1 to {most or MAX_BATCH}, got {average}"
+    return None
+
+
+def plot_path_problem(path: str | None) -> str | None:
+    """--plot names the PNG file to write: not a folder (matplotlib would write FOLDER.png beside it)."""
+    if path is None:
+        return None
+    if not path.strip() or Path(path).is_dir() or path.endswith(os.sep):
+        return f"--plot {path!r}: expected the path of a PNG file to write, not a folder"
+    probe = Path(path).with_name(f".{Path(path).name}.partial")
+    try:  # before the simulation: a place that takes no file is refused at once
+        probe.open("wb").close()
+        probe.unlink()
+    except OSError as e:
+        return f"--plot {path}: cannot write: {e.strerror or e}"
+    return None
 
 
 def print_table(results: list[Result], source: str, label: str | None = None) -> None:

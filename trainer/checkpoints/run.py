@@ -1,7 +1,9 @@
 """Checkpoints: everything needed to continue a run exactly, written atomically, the latest k kept.
 
 A checkpoint is a directory `step_<N>/` with `shared.pt` (model, optimizer, scaler and loop state,
-written by rank 0) and `rank_<r>.pt` (each rank's data position and RNG states). It is assembled
+written by rank 0), `rank_<r>.pt` (each rank's data position and RNG states) and `log_bytes` (how long
+the run's MLPerf log was when it was taken: a resumed run cuts the log back to it, so the events logged
+after the checkpoint, an evaluation above all, are logged once, by the run that redoes them). It is assembled
 under a temporary name and renamed when every rank has written its part, then `latest` is
 pointed at it: a directory named `step_<N>` is always complete.
 
@@ -40,6 +42,8 @@ class OutputError(Exception):
 
 
 # errno values that say "this path cannot take the file", not "the program is wrong"
+LOG_BYTES = "log_bytes"  # in a checkpoint: the MLPerf log's length when it was taken
+
 UNWRITABLE = {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT, errno.ENOTDIR, errno.ENOENT, errno.EISDIR}
 
 
@@ -69,7 +73,7 @@ class Checkpoints:
     def __init__(self, folder: Path, keep: int, rank: int):
         self.folder, self.keep, self.rank = Path(folder), keep, rank
 
-    def save(self, step: int, shared: dict, per_rank: dict) -> Path:
+    def save(self, step: int, shared: dict, per_rank: dict, log_bytes: int | None = None) -> Path:
         final = self.folder / f"step_{step:08d}"
         staging = self.folder / f".step_{step:08d}.partial"
         if self.rank == 0:
@@ -79,6 +83,8 @@ class Checkpoints:
         save_file(per_rank, staging / f"rank_{self.rank}.pt")
         if self.rank == 0:
             save_file(shared, staging / "shared.pt")
+            if log_bytes is not None:
+                (staging / LOG_BYTES).write_text(str(log_bytes))
         _barrier()
         if self.rank == 0:
             shutil.rmtree(final, ignore_errors=True)
@@ -94,6 +100,14 @@ class Checkpoints:
             return None
         path = self.folder / pointer.read_text().strip()
         return path if (path / "shared.pt").exists() else None
+
+    def log_position(self, path: Path) -> int | None:
+        """How many bytes the run's MLPerf log held when checkpoint `path` was taken (None: not recorded)."""
+        try:
+            text = (path / LOG_BYTES).read_text().strip()
+        except OSError:
+            return None
+        return int(text) if text.isdigit() else None
 
     def load(self, path: Path) -> tuple[dict, dict]:
         shared = torch.load(path / "shared.pt", map_location="cpu", weights_only=False)
@@ -116,16 +130,19 @@ class RunCheckpoint:
     """A run's checkpoint contents: what it saves and how it restores them. The model, optimizer,
     loss scaler and loop state are shared; the data position and RNG states are each rank's."""
 
-    def __init__(self, checkpoints: Checkpoints, model, optimizer, scaler, data, identity: dict):
+    def __init__(self, checkpoints: Checkpoints, model, optimizer, scaler, data, identity: dict,
+                 result_log: Path | None = None):
         self.checkpoints = checkpoints
         self.model, self.optimizer, self.scaler, self.data = model, optimizer, scaler, data
         self.identity = identity  # what the run is (seed, run index): saved, for who reads the file
+        self.result_log = result_log  # rank 0's MLPerf log, whose length each checkpoint records
 
     def save(self, state: LoopState) -> Path:
         """A checkpoint named after `state.updates` (whose sample count the caller made exact)."""
         shared = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                   "scaler": self.scaler.state_dict() if self.scaler else None, "state": asdict(state), **self.identity}
-        return self.checkpoints.save(state.updates, shared, {"data": self.data.state_dict(), "rng": rng_state()})
+        return self.checkpoints.save(state.updates, shared, {"data": self.data.state_dict(), "rng": rng_state()},
+                                     log_bytes=file_size(self.result_log))
 
     def restore(self, fresh: LoopState) -> tuple[LoopState, Path | None]:
         """Load the latest checkpoint into the parts: its loop state and path, or `fresh` and None when there is none."""
@@ -140,6 +157,23 @@ class RunCheckpoint:
         self.data.load_state_dict(mine["data"])
         set_rng_state(mine["rng"])
         return type(fresh)(**shared["state"]), path
+
+
+def file_size(path: Path | None) -> int | None:
+    try:
+        return path.stat().st_size if path is not None else None
+    except OSError:
+        return None
+
+
+def rewind_log(path: Path, position: int | None) -> int:
+    """Cut the MLPerf log back to `position` bytes (a checkpoint's): the bytes cut, 0 when there is nothing
+    to cut (no position recorded, or a log no longer than it)."""
+    size = file_size(path)
+    if position is None or size is None or size <= position:
+        return 0
+    os.truncate(path, position)
+    return size - position
 
 
 def rng_state() -> dict:

@@ -145,7 +145,8 @@ class BalanceConfig(Section):
     # the nominal sequences per pack (NVIDIA: 2, the packed data averages 1.999): the logged
     # global_batch_size is ranks x batch_size x accumulation x pack_average; the trainer counts the
     # sequences actually trained and reports them beside it. None: the batch counts packs
-    pack_average: Optional[float] = Field(None, gt=0)
+    # (at least 1: a pack holds one sequence or more, and a logged batch below the trained one is false)
+    pack_average: Optional[float] = Field(None, ge=1, allow_inf_nan=False)
 
     @model_validator(mode="after")
     def _consistent(self) -> "BalanceConfig":

@@ -28,7 +28,7 @@ import yaml
 from pydantic import ValidationError
 from torch.nn.parallel import DistributedDataParallel
 
-from trainer.checkpoints.run import UNWRITABLE, OutputError, RunCheckpoint, StopSignal, run_checkpoints, write_model
+from trainer.checkpoints.run import UNWRITABLE, OutputError, RunCheckpoint, StopSignal, rewind_log, run_checkpoints, write_model
 from trainer.config import REQUEUE_EXIT_CODE, PathError, RunConfig, expand_path, first_problem, load_run_config
 from trainer.data.batch import Batch, CapacityError
 from trainer.data.dataset import DataError, TrainData
@@ -41,7 +41,7 @@ from trainer.loop.state import Counts, Step, first_state, most_sequences_per_ste
 from trainer.loop.stragglers import ComputeClock
 from trainer.loop.tally import Tally
 from trainer.loop.warmup import warm_up
-from trainer.mlperf import RunLogger
+from trainer.mlperf import RunLogger, logged_run_stop
 from trainer.model.bert import BertForPreTraining
 from trainer.model.weights import WeightsError, load_pretrained_file, tf_variable_names
 from trainer.optim import build_optimizer, learning_rate, loss_scale, mlperf_keys, set_learning_rate, take_step
@@ -60,6 +60,10 @@ class RunArgs:
     seed: int | None = None
     once: bool = False
 
+    @property
+    def result_log(self) -> Path:
+        return Path(self.out) / "results" / f"result_{self.run_index}.txt"
+
 
 class Trainer:
     def __init__(self, cfg: RunConfig, args: RunArgs):
@@ -69,8 +73,10 @@ class Trainer:
         self.rank0 = self.env.rank == 0
         out = Path(args.out)
         self.checkpoints = run_checkpoints(cfg.checkpoint, out, args.run_index, self.env.rank)
-        self.mllog = RunLogger(out / "results" / f"result_{args.run_index}.txt", enabled=self.rank0,
-                               resumed=self.checkpoints.latest() is not None)
+        latest = self.checkpoints.latest()
+        if self.rank0 and latest is not None:
+            rewind_to_checkpoint(args.result_log, self.checkpoints.log_position(latest))
+        self.mllog = RunLogger(args.result_log, enabled=self.rank0, resumed=latest is not None)
         self.mllog.init_start()
         self.mllog.submission(cfg.mlperf)
         seed_everything(self.seed, self.env.rank)
@@ -92,7 +98,8 @@ class Trainer:
         self.evaluator = build_evaluator(cfg, self.env.rank, self.env.world_size, self.device)
         self.stop = StopSignal()
         self.saved = RunCheckpoint(self.checkpoints, self.model, self.optimizer, self.scaler, self.data,
-                                   {"seed": self.seed, "run_index": args.run_index})
+                                   {"seed": self.seed, "run_index": args.run_index},
+                                   result_log=args.result_log if self.rank0 else None)
         self.clock = ComputeClock(self.device, self.env.node, self.env.world_size)  # who holds the others back
         self.progress = ProgressReport(cfg, self.device, self.clock,
                                        out / "metrics" / f"run_{args.run_index}.jsonl" if self.rank0 else None, self.say)
@@ -259,6 +266,13 @@ class Trainer:
         distributed.keep_until_exit(self.ddp)
 
 
+def rewind_to_checkpoint(log: Path, position: int | None) -> None:
+    """A resumed run continues from its checkpoint: what the log gained after it (an evaluation, a
+    block) is cut, because the run logs it again when it gets there (never twice)."""
+    if cut := rewind_log(log, position):
+        print(f"{log.name}: {cut} byte(s) logged after the checkpoint cut (the resumed run logs them again)", flush=True)
+
+
 def build_model(cfg: RunConfig, device: torch.device) -> BertForPreTraining:
     # the fast step compiles the whole model (Trainer.forward), not the pointwise tails alone
     model = BertForPreTraining(cfg.model, fused_kernels=cfg.runtime.kernels == "apex",
@@ -300,6 +314,10 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(f"{args.config}: {key}: {message}")
     except (yaml.YAMLError, TypeError) as e:
         return _fail(f"{args.config}: not a run configuration ({str(e).splitlines()[0]})")
+    if ended := logged_run_stop(args.result_log):
+        # its result is in (a crash after run_stop, then a resume): training on would log a second run_stop
+        print(f"{args.result_log}: the run already ended (run_stop {ended}): nothing to do", flush=True)
+        return 0
     trainer = None
     try:
         with built_once(cfg, args.once) as needed:
