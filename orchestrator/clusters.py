@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal, Optional
 
 from pydantic import AfterValidator, BeforeValidator, Field, StringConstraints, ValidationError, model_validator
 
-from orchestrator import configfile, resources
+from orchestrator import configfile, local_gpus, resources
 from trainer.config import ConfigProblem, DataConfig, OptimConfig, RunConfig, RuntimeConfig, Section, TrainConfig, first_problem
 
 # Unicode's control (Cc), format (Cf: bidi overrides and isolates, zero-width characters) and line
@@ -433,4 +433,5 @@ def cluster_files() -> dict[str, Path]:
 
 
 def load_cluster(name: str, overrides: list[str] | tuple[str, ...] = ()) -> LoadedCluster:
-    return configfile.load_named("clusters", name, overrides, ClusterConfig, "cluster", "--cluster")
+    return configfile.load_named("clusters", name, overrides, ClusterConfig, "cluster", "--cluster",
+                                 resolve=local_gpus.resolve_auto_gpus)
