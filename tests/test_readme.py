@@ -164,3 +164,11 @@ def test_readme_command_does_what_the_readme_shows(command, shown, readme_home):
     if command == GPU_COMMAND and visible_gpus():
         pytest.skip("this machine has a GPU: the GPU suite's stage b runs the command (bash benchmarks/gpu/device_run.sh)")
     RUN_HERE[command](run_bertctl(*words[1:], env={"BERTCTL_HOME": str(readme_home)}, timeout=300), shown)
+
+
+def test_the_gpu_suites_product_stage_runs_the_readmes_command_word_for_word():
+    from benchmarks.gpu.product import auto_command, readme_gpu_command
+
+    assert ["bertctl", *readme_gpu_command()] == GPU_COMMAND.split()
+    # on a machine without a GPU it then runs the same submit without the device (the auto path)
+    assert [w for w in readme_gpu_command() if not w.startswith("run.runtime.") and w != "-o"] == auto_command(quick=False)
