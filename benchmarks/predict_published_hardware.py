@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
           f"= {BERTCTL_MFU:.1%} of peak (one H100, GPU suite stage e, 2026-11-27)")
     header = f"{'round':<5} {'system':<58} {'GPU':<9} {'GPUs':>5} {'GBS':>5} {'score':>7} {'pred.':>7} {'error':>7}"
     print(header + ("  at 49 % MFU" if args.anchor else "") + "   compute/exposed/eval per interval (s)")
-    errors: dict[str, list[float]] = {}
+    errors: dict[str, list[float]] = {}  # by GPU kind and scale; "(anchor)" for the 49 % MFU column
     for spec in args.repo:
         version, _, path = spec.partition("=")
         ruleset = version.lstrip("v") + ".0"
@@ -177,13 +177,15 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{version:<5} {row['system'][:58]:<58} no prediction: {why}")
                 continue
             error = p["minutes"] / row["score"] - 1
-            errors.setdefault(row["kind"], []).append(error)
+            scale = "1 node" if row["nodes"] == 1 else ("2-8 nodes" if row["nodes"] <= 8 else "> 8 nodes")
+            errors.setdefault(f"{row['kind']}, {scale}", []).append(error)
             steps = mlperf_eval_interval(row["gbs"]) / row["gbs"]
             line = (f"{version:<5} {row['system'][:58]:<58} {row['kind']:<9} {row['gpus']:>5} {row['gbs']:>5} "
                     f"{row['score']:7.2f} {p['minutes']:7.2f} {error:+7.0%}")
             if args.anchor:
                 a = predicted_minutes(row["kind"], row["peak"], row["gpus"], row["nodes"], row["gbs"], ruleset, ANCHOR_MFU)
                 line += f"  {a['minutes']:7.2f} {a['minutes'] / row['score'] - 1:+5.0%}"
+                errors.setdefault(f"{row['kind']}, {scale} (at 49 % MFU)", []).append(a["minutes"] / row["score"] - 1)
             print(line + f"   {steps * p['compute_s']:.1f}/{steps * p['exposed_s']:.1f}/{p['eval_s']:.1f}")
     for kind, errs in sorted(errors.items()):
         print(f"{kind}: {len(errs)} systems, median error {statistics.median(errs):+.0%}, "
