@@ -78,7 +78,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cluster", default="local")
     parser.add_argument("--nexp", type=int, default=3)
+    parser.add_argument("--again", nargs=2, metavar=("PREFLIGHT_EXP", "RUNS_EXP"),
+                        help="no new jobs: the report again from a finished preflight and training experiment")
     args = parser.parse_args(argv)
+    if args.again:
+        preflight_dir, runs_dir = (Path(d) for d in args.again)
+        predicted = json.loads((preflight_dir / "preflight.json").read_text())["time_to_train"]
+        report_experiment(predicted, runs_dir)
+        return 0
     import torch
 
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}, torch {torch.__version__}; "
@@ -94,13 +101,18 @@ def main(argv: list[str] | None = None) -> int:
     print(f"submit --nexp {args.nexp}: exit {run.returncode}; load average after: {os.getloadavg()[0]:.1f}")
     home = Path(os.environ.get("BERTCTL_HOME", "~/.bertctl")).expanduser()
     exp = max((home / "experiments").iterdir(), key=lambda p: p.stat().st_mtime)
+    report_experiment(predicted, exp)
+    return 0
+
+
+def report_experiment(predicted: dict, exp: Path) -> None:
     import yaml
 
     gbs = yaml.safe_load((exp / "run.yaml").read_text())["train"]["global_batch_size"]
+    nexp = json.loads((exp / "experiment.json").read_text())["nexp"]
     runs = [measured_run(exp / "results" / f"result_{i}.txt", exp / "metrics" / f"run_{i}.jsonl", gbs)
-            for i in range(args.nexp)]
+            for i in range(nexp) if (exp / "results" / f"result_{i}.txt").is_file()]
     report(predicted, runs, exp.name)
-    return 0
 
 
 def report(p: dict, runs: list[dict], exp: str) -> None:
