@@ -2,6 +2,11 @@
 
     python benchmarks/predict_vs_measured.py --cluster local --nexp 3
     python benchmarks/predict_vs_measured.py --cluster ci_slurm --nexp 3      # the CI's real Slurm
+    python benchmarks/predict_vs_measured.py --cluster local --nexp 3 -o prepare.phase1=null \
+        -o run.train.init_checkpoint=null -o run.train.target_accuracy=0.99 -o run.train.max_samples_termination=480 \
+        -o run.train.eval_every_samples=160 -o run.train.eval_start_samples=160 -o run.data.eval_samples=100
+        # short runs that train their whole budget (the target is out of reach): the samples term is
+        # then known beforehand, and the check is of the speed terms (what a loaded machine affords)
 
 In the $BERTCTL_HOME it is given (default: the user's), it runs `bertctl preflight --cluster C --json`,
 then `bertctl submit --cluster C --nexp N --follow` (the same recipe), and sets the prediction beside
@@ -78,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cluster", default="local")
     parser.add_argument("--nexp", type=int, default=3)
+    parser.add_argument("-o", dest="override", action="append", default=[], metavar="KEY=VALUE",
+                        help="the same override for the preflight and the runs")
     parser.add_argument("--again", nargs=2, metavar=("PREFLIGHT_EXP", "RUNS_EXP"),
                         help="no new jobs: the report again from a finished preflight and training experiment")
     args = parser.parse_args(argv)
@@ -91,13 +98,15 @@ def main(argv: list[str] | None = None) -> int:
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, python {platform.python_version()}, torch {torch.__version__}; "
           f"load average before: {os.getloadavg()[0]:.1f} (shared machine: timings are noisy)")
     started = time.time()
-    pre = bertctl("preflight", "--cluster", args.cluster, "--json", timeout=1800)
+    overrides = [w for o in args.override for w in ("-o", o)]
+    print(f"cluster {args.cluster}, overrides: {' '.join(overrides) or 'none'}")
+    pre = bertctl("preflight", "--cluster", args.cluster, *overrides, "--json", timeout=1800)
     if pre.returncode != 0:
         print(f"preflight failed ({pre.returncode}): {pre.stderr[-2000:]}")
         return 1
     predicted = json.loads(pre.stdout)["time_to_train"]
     print(f"preflight: {time.time() - started:.0f} s; load average after it: {os.getloadavg()[0]:.1f}")
-    run = bertctl("submit", "--cluster", args.cluster, "--nexp", str(args.nexp), "--follow", timeout=7200)
+    run = bertctl("submit", "--cluster", args.cluster, *overrides, "--nexp", str(args.nexp), "--follow", timeout=7200)
     print(f"submit --nexp {args.nexp}: exit {run.returncode}; load average after: {os.getloadavg()[0]:.1f}")
     home = Path(os.environ.get("BERTCTL_HOME", "~/.bertctl")).expanduser()
     exp = max((home / "experiments").iterdir(), key=lambda p: p.stat().st_mtime)
