@@ -114,13 +114,17 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def finished(result: Path) -> bool:
+    return result.is_file() and resultlog.parse(result).has_run_stop
+
+
 def report_experiment(predicted: dict, exp: Path) -> None:
     import yaml
 
     gbs = yaml.safe_load((exp / "run.yaml").read_text())["train"]["global_batch_size"]
     nexp = json.loads((exp / "experiment.json").read_text())["nexp"]
     runs = [measured_run(exp / "results" / f"result_{i}.txt", exp / "metrics" / f"run_{i}.jsonl", gbs)
-            for i in range(nexp) if (exp / "results" / f"result_{i}.txt").is_file()]
+            for i in range(nexp) if finished(exp / "results" / f"result_{i}.txt")]
     report(predicted, runs, exp.name)
 
 
