@@ -4,7 +4,7 @@
 
 Each PATH is a checkout or a bare clone of github.com/mlcommons/training_results_vX.Y (the `fetch` of
 mlcommons/training_results_vX.Y gives one). For every closed-division BERT system on NVIDIA A100 or
-H100, the prediction uses (orchestrator/predict.py's model: step = compute + exposed all-reduce, an
+H100, the prediction uses (orchestrator/checks/predict.py's model: step = compute + exposed all-reduce, an
 eval every interval, the RCP's samples):
 - compute: bertctl's own efficiency on an H100, the only GPU bertctl has run on (packed, compiled,
   bf16, BERT-large phase 2: 233.2 sequences/s on one H100 80GB HBM3, the GPU suite's stage e,
@@ -37,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from orchestrator import predict  # noqa: E402
+from orchestrator.checks import predict  # noqa: E402
 from trainer.config.run import mlperf_eval_interval  # noqa: E402
 
 H100_MEASURED_SEQ_S = 233.2  # bertctl on one H100 SXM (stage e, packed compiled bf16, batch 32 packs)

@@ -40,7 +40,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from orchestrator import resultlog  # noqa: E402
+from orchestrator.results import resultlog  # noqa: E402
 
 
 def bertctl(*args: str, timeout: float) -> subprocess.CompletedProcess:

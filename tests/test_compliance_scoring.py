@@ -6,7 +6,7 @@ import sys
 import mllog_factory as f
 import pytest
 
-from orchestrator import scoring
+from orchestrator.results import scoring
 
 
 def runs(minutes, converged=None):
@@ -75,7 +75,7 @@ def test_compute_score_entry_point_is_still_broken(tmp_path):
     """mlperf-logging 4.1.68's `python -m mlperf_logging.result_summarizer.compute_score` unpacks the five
     values `_compute_strong_score_standalone(..., return_full_scores=True)` returns into four and crashes.
 
-    When this test fails, the tool works again: use it in orchestrator/scoring.py (summarizer_score)
+    When this test fails, the tool works again: use it in orchestrator/results/scoring.py (summarizer_score)
     instead of calling the private function, and delete this test.
     """
     for i, spec in enumerate(f.example_specs()):
@@ -84,5 +84,18 @@ def test_compute_score_entry_point_is_still_broken(tmp_path):
                            "--benchmark_folder", str(tmp_path), "--usage", "training", "--ruleset", "5.0.0"],
                           capture_output=True, text=True, cwd=tmp_path)
     fixed = proc.returncode == 0 and "Final score" in proc.stdout
-    assert not fixed, "compute_score works now: switch orchestrator/scoring.py to it (see this test's docstring)"
+    assert not fixed, "compute_score works now: switch orchestrator/results/scoring.py to it (see this test's docstring)"
     assert "ValueError: too many values to unpack (expected 4)" in proc.stderr
+
+
+def test_the_rcp_checkers_own_crash_is_a_failed_check_not_a_traceback(tmp_path):
+    """A log naming two benchmarks makes rcp_checker raise (KeyError in mlperf-logging 4.1.68)."""
+    for i, spec in enumerate(f.example_specs()):
+        f.write_log(tmp_path / f"result_{i}.txt", spec)
+    log = tmp_path / "result_0.txt"
+    lines = log.read_text().splitlines(keepends=True)
+    at = next(i for i, line in enumerate(lines) if '"submission_benchmark"' in line)
+    lines.insert(at + 1, lines[at].replace('"value": "bert"', '"value": "resnet"'))
+    log.write_text("".join(lines))
+    verdict = scoring.check_rcp(tmp_path, "5.0.0")
+    assert not verdict.passed and verdict.message.startswith("the official RCP checker could not read these logs (")

@@ -11,7 +11,7 @@ import os
 import pytest
 from conftest import run_bertctl, run_cli
 
-from orchestrator.clusters import load_cluster
+from orchestrator.config.clusters import load_cluster
 from orchestrator.errors import UserError
 from orchestrator.local_gpus import visible_gpus
 

@@ -1,4 +1,4 @@
-"""Time to train, predicted (orchestrator/predict.py): the RCP point is the one compliance-check uses, the
+"""Time to train, predicted (orchestrator/checks/predict.py): the RCP point is the one compliance-check uses, the
 step and eval arithmetic from preflight's figures, and the model against published MLPerf v1.1 BERT scores.
 
 The published logs are real result trees from github.com/mlcommons/training_results_v1.1: Inspur's and
@@ -15,8 +15,9 @@ import pytest
 from conftest import REPO
 from rich.console import Console
 
-from orchestrator import predict, preflight, resultset, scoring
-from orchestrator.clusters import load_cluster
+from orchestrator.checks import predict, preflight
+from orchestrator.config.clusters import load_cluster
+from orchestrator.results import resultset, scoring
 
 PUBLISHED = REPO / "tests" / "data" / "mlperf-published" / "v1.1"
 RESULTS = REPO / "tests" / "data" / "mlperf-results" / "v1.1"
@@ -65,7 +66,7 @@ def test_below_the_rcp_table_the_smallest_batch_is_used_and_above_it_there_is_no
 
 def test_the_bert_parameter_count_is_the_models():
     from trainer.config import ModelConfig
-    from trainer.model import BertForPreTraining, count_parameters
+    from trainer.model.bert import BertForPreTraining, count_parameters
 
     small = ModelConfig(num_layers=2, hidden_size=64, num_heads=2, intermediate_size=128, vocab_size=1001)
     assert predict.bert_parameters(small) == count_parameters(BertForPreTraining(small))

@@ -5,7 +5,7 @@
 - `read_bandwidth`: this rank's share of the training shards, read cold from the mount, MB/s.
 - `allreduce_busbw`: all-reduce bus bandwidth in a group, GB/s, nccl-tests' definition:
   algbw = bytes / time, busbw = algbw x 2(n-1)/n (what each rank's link carries in a ring).
-- `train_steps`: real steps of the recipe (trainer/train.py's Trainer), samples/s per rank, and the
+- `train_steps`: real steps of the recipe (trainer/loop/train.py's Trainer), samples/s per rank, and the
   same steps' compute alone (forward and backward without DDP's allreduce), which pins a slow rank
   where the synchronous step time cannot (every rank waits for the slowest).
 
@@ -190,7 +190,7 @@ def read_cold(path: Path) -> int:
 
 def allreduce_bytes(cfg) -> int:
     """DDP's bucket: its default cap, or the whole gradient when the model is smaller (fp32 gradients)."""
-    from trainer.model import BertForPreTraining
+    from trainer.model.bert import BertForPreTraining
 
     with torch.device("meta"):
         params = sum(p.numel() for p in BertForPreTraining(cfg.model).parameters())
@@ -252,7 +252,7 @@ def train_steps(cfg, out: str, run_index: int, seed: int, steps: int, timing: Ti
     """Real steps of the recipe after the trainer's own warm-up: `steps` synchronous steps (samples/s of
     the best), and the compute of one step's batches alone, forward and backward under DDP's no_sync
     (no collective), timed in windows like the other figures."""
-    from trainer.train import RunArgs, Trainer
+    from trainer.loop.train import RunArgs, Trainer
 
     # checkpoints in the preflight's own folder: never resume from, or write to, the run's; random weights
     # (a step costs the same, and the phase-1 checkpoint may not be built yet on a fresh machine)
