@@ -164,8 +164,12 @@ def test_the_device_command_runs_its_stages_in_a_python_like_the_gpu_machines(gp
     product = found["b_product.json"]
     assert product["status"] == "pass", product
     assert [r["compliant"] for r in product["runs"]] == [True] and product["checker"].startswith("mlperf-logging 4.1")
-    assert product["command"].startswith("bertctl submit --cluster local -o run.runtime.device=cpu -o run.runtime.precision=fp32 "
-                                         "--nexp 1 --follow")
+    # the README's GPU command, word for word, is refused here in one line (no GPU), then the device-less
+    # submit runs the same experiment on the CPU
+    assert product["readme_command"] == ("bertctl submit --cluster local -o run.runtime.device=cuda "
+                                         "-o run.runtime.precision=bf16 --nexp 1 --follow")
+    assert "run.runtime.device: cuda, but this machine has no GPU" in product["readme_command_refused"]
+    assert product["command"].startswith("bertctl submit --cluster local --nexp 1 --follow") and product["run_device"] == "cpu"
     trainer = found["f_trainer_sync.json"]
     assert trainer["status"] == "pass", trainer
     assert trainer["checks"][0]["runs"]["bucket"]["steps_logged"] >= 20  # python -m trainer under torchrun

@@ -99,7 +99,7 @@ def run_stage(name: str, device_name: str, quick: bool, deadline: float, log: Pa
     if name == "product":
         from .product import product_end_to_end
 
-        return {"status": "pass", **product_end_to_end(device.type, precision, quick, deadline, log)}
+        return {"status": "pass", **product_end_to_end(device.type, quick, deadline, log)}
     if name == "parity_attention":
         nodrop = small.model_copy(update={"hidden_dropout": 0.0, "attention_dropout": 0.0})
         found = [checks.parity(device, nodrop, 4) if quick else checks.parity(device, base, 16),

@@ -106,6 +106,51 @@ def rcp_point(global_batch: int, ruleset: str) -> RcpPoint:
     return RcpPoint(global_batch, float(record["RCP Mean"]), how, ruleset)
 
 
+MLPERF_TARGET = 0.720  # the masked-LM accuracy the RCPs converge to
+
+
+def samples_to_converge(run, earlier: list[float] = ()) -> RcpPoint:
+    """The samples the run should train: the RCP mean where the RCPs apply (BERT-large to MLPerf's
+    target); otherwise the mean of this recipe's earlier converged runs on this machine, else the
+    recipe's sample budget, an upper bound. A small model to its own target is not BERT-large to 0.720:
+    its RCP (2.4 million samples at batch 16) predicted 24,000 minutes for a run of ~2."""
+    not_large = scoring.rcp_bypass_reason(run.model_dump(mode="json"))
+    own_target = run.train.target_accuracy < MLPERF_TARGET
+    if not not_large and not own_target:
+        return rcp_point(run.train.global_batch_size, run.mlperf.ruleset)
+    why = (not_large.removeprefix("RCP bypassed: ") if not_large
+           else f"its target {run.train.target_accuracy:g} is not MLPerf's {MLPERF_TARGET:.3f}")
+    if earlier:
+        return RcpPoint(run.train.global_batch_size, statistics.mean(earlier),
+                        f"no RCP applies ({why}): the mean of this recipe's {len(earlier)} earlier converged run(s) "
+                        "in this BERTCTL_HOME", run.mlperf.ruleset)
+    return RcpPoint(run.train.global_batch_size, float(run.train.max_samples_termination),
+                    f"no RCP applies ({why}) and no earlier converged run of this recipe in this BERTCTL_HOME: "
+                    "the recipe's sample budget (train.max_samples_termination), an upper bound", run.mlperf.ruleset)
+
+
+def earlier_converged_samples(run) -> list[float]:
+    """Samples to converge of every converged run, in this BERTCTL_HOME's experiments, whose run.yaml
+    is this recipe exactly (seeds aside: they are not in run.yaml)."""
+    import yaml
+
+    from orchestrator import experiments
+    from orchestrator.results import summary as results
+
+    wanted, found = run.model_dump(mode="json"), []
+    for exp in experiments.load_all():
+        try:
+            same = exp.program == "train" and yaml.safe_load((exp.path / "run.yaml").read_text()) == wanted
+        except (OSError, yaml.YAMLError):
+            continue
+        for i in range(exp.nexp) if same else ():
+            if exp.result_file(i).is_file():
+                summary = results.summarize(exp.result_file(i))
+                if summary.converged and summary.samples_to_converge:
+                    found.append(float(summary.samples_to_converge))
+    return found
+
+
 # ---- the model ---------------------------------------------------------------------------------
 
 def interval_steps(global_batch: int, eval_interval: int) -> float:
@@ -147,8 +192,9 @@ def eval_time(compute_s: float, samples_per_step: float, eval_samples: int, worl
 
 # ---- from preflight's figures ------------------------------------------------------------------
 
-def from_preflight(reports: dict[int, dict], run) -> Prediction:
-    """The prediction for `run` (a trainer.config.RunConfig) from preflight's rank reports."""
+def from_preflight(reports: dict[int, dict], run, earlier: list[float] = ()) -> Prediction:
+    """The prediction for `run` (a trainer.config.RunConfig) from preflight's rank reports; `earlier`:
+    samples to converge of this recipe's earlier runs (used where no RCP applies)."""
     computes = {r: rep["measures"]["train_compute"]["compute_s"] for r, rep in reports.items()
                 if "compute_s" in rep.get("measures", {}).get("train_compute", {})}
     if not computes:
@@ -183,24 +229,24 @@ def from_preflight(reports: dict[int, dict], run) -> Prediction:
         "optimizer and real all-reduce included; its slowest rank's best step)")
     per_step = run.train.global_batch_size / world  # sequences, also when a row is a pack of several
     eval_s = eval_time(computes[slowest], per_step, run.data.eval_samples, world)
-    rcp = rcp_point(run.train.global_batch_size, run.mlperf.ruleset)
+    rcp = samples_to_converge(run, list(earlier))
     steps = interval_steps(rcp.global_batch, run.train.eval_interval)
-    prediction = time_to_train(rcp, run.train.eval_interval, steps * parts["step_s"] + eval_s)
+    startup_s = max((rep["measures"]["train_compute"].get("first_batch_s", 0.0) for rep in reports.values()
+                     if "train_compute" in rep.get("measures", {})), default=0.0)
+    prediction = time_to_train(rcp, run.train.eval_interval, steps * parts["step_s"] + eval_s, startup_s)
     prediction.step_s, prediction.eval_s, prediction.detail = parts["step_s"], eval_s, parts
     prediction.assumptions = assumptions + [
-        f"samples to converge: {rcp.samples:,.0f}, the RCP mean for global batch {rcp.global_batch} "
-        f"(ruleset {rcp.ruleset}, pruned RCPs, {rcp.how}), as compliance-check compares a result with",
+        (f"samples to converge: {rcp.samples:,.0f}, the RCP mean for global batch {rcp.global_batch} "
+         f"(ruleset {rcp.ruleset}, pruned RCPs, {rcp.how}), as compliance-check compares a result with"
+         if rcp.how.startswith("RCP") else f"samples to converge: {rcp.samples:,.0f}, {rcp.how}"),
         f"evaluations: every {run.train.eval_interval:,} samples = {steps:.2f} steps; {prediction.evals:.2f} of them "
-        "on average (the RCP mean is already at eval points: not rounded up)",
+        "on average (samples to converge are counted at eval points: not rounded up)",
         f"eval: {run.data.eval_samples:,} samples over {world} rank(s), forward only at 1/3 of a training "
         f"sample's compute = {eval_s * 1e3:.1f} ms each (preflight does not run an eval)",
-        "overhead: none counted (the trainer's warm-up before its first step and the run's init are not measured; "
-        "init is outside the timed region anyway)",
+        f"start-up: {startup_s:.2f} s, preflight's first batch after the warm-up (the data pipeline starting: inside "
+        "the timed region); the warm-up and init come before run_start, outside it",
         "no node slower than preflight measured it, no skipped (fp16 overflow) steps",
     ]
-    not_large = scoring.rcp_bypass_reason(run.model_dump(mode="json"))
-    if not_large:
-        prediction.assumptions.append(f"convergence as BERT-large's, though {not_large.removeprefix('RCP bypassed: ')}")
     return prediction
 
 

@@ -320,7 +320,7 @@ def predicted_time(reports: dict[int, dict], run) -> dict:
     from orchestrator.checks import predict
 
     try:
-        prediction = predict.from_preflight(reports, run).as_json()
+        prediction = predict.from_preflight(reports, run, predict.earlier_converged_samples(run)).as_json()
     except predict.NoPrediction as why:
         return {"error": str(why)}
     absurd = next((f"{key} is {value}" for key, value in prediction.items() if isinstance(value, (int, float))
@@ -406,6 +406,8 @@ def print_tables(verdict: Verdict, console) -> None:
         console.print(table)
         for reason in node.reasons:
             console.print(f"  [red]flag[/red] {node.node}: {reason}", highlight=False, soft_wrap=True)
+    if sum(len(n.ranks) for n in verdict.nodes) == 1:
+        console.print("all-reduce: not measured (one rank: nothing to reduce with)", highlight=False)
     if verdict.flagged:
         console.print(f"{len(verdict.flagged)} node(s) flagged (threshold {verdict.threshold:g} % below the median); "
                       f"leave them out with: {verdict.override()}", highlight=False, soft_wrap=True)

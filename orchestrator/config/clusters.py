@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal, Optional
 from pydantic import AfterValidator, BeforeValidator, Field, StringConstraints, ValidationError, model_validator
 
 from orchestrator import resources
-from orchestrator.config import configfile
+from orchestrator.config import configfile, local_gpus
 from orchestrator.errors import UserError
 from trainer.config import ConfigProblem, DataConfig, OptimConfig, RunConfig, RuntimeConfig, Section, TrainConfig, first_problem
 
@@ -442,4 +442,5 @@ def cluster_files() -> dict[str, Path]:
 
 
 def load_cluster(name: str, overrides: list[str] | tuple[str, ...] = ()) -> LoadedCluster:
-    return configfile.load_named("clusters", name, overrides, ClusterConfig, "cluster", "--cluster")
+    return configfile.load_named("clusters", name, overrides, ClusterConfig, "cluster", "--cluster",
+                                 resolve=local_gpus.resolve_auto_gpus)

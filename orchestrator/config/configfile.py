@@ -10,7 +10,7 @@ import copy
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from pydantic import BaseModel, ValidationError
 
@@ -60,11 +60,15 @@ def find_named_file(kind: str, name: str, noun: str, option: str) -> Path:
     return known[name]
 
 
-def load_named(kind: str, name: str, overrides, model: type[BaseModel], noun: str, option: str) -> LoadedFile:
-    """Find, read, override and validate one config file; every failure is a one-line UserError."""
+def load_named(kind: str, name: str, overrides, model: type[BaseModel], noun: str, option: str,
+               resolve: Callable[[dict[str, Any], list[str], str], dict[str, Any]] | None = None) -> LoadedFile:
+    """Find, read, override and validate one config file; every failure is a one-line UserError.
+    `resolve` turns what the file leaves to the machine (e.g. `auto`) into values before validation."""
     path = find_named_file(kind, name, noun, option)
     raw = apply_overrides(read_mapping(path), list(overrides), model)
     where = str(path) if not overrides else f"{path} (with -o {' -o '.join(clip(o) for o in overrides)})"
+    if resolve is not None:
+        raw = resolve(raw, list(overrides), where)
     config = validate(model, raw, where)
     by_name = path != Path(name).expanduser()
     if by_name and getattr(config, "name", name) != name:  # ids, scripts and `submit` hints use `name:`

@@ -93,10 +93,11 @@ def container_mounts(c: ClusterConfig) -> str:
 
 
 def prerequisites(c: ClusterConfig, program: Program) -> list[str]:
-    """The steps a training job runs before its runs (the probe only checks the launch path)."""
-    if program != "train":
-        return []
-    return [name for name, wanted in (("prepare", c.prepare.dataset), ("phase1", c.prepare.phase1)) if wanted]
+    """The steps a training job runs before its runs (the probe only checks the launch path). The
+    preflight reads the shards, so it prepares the dataset; its steps start from random weights (the
+    speed is the same), so it needs no phase 1."""
+    wanted = {"train": ("prepare", "phase1"), "preflight": ("prepare",)}.get(program, ())
+    return [name for name, asked in (("prepare", c.prepare.dataset), ("phase1", c.prepare.phase1)) if asked and name in wanted]
 
 
 def seeds(c: ClusterConfig, nexp: int) -> list[int]:

@@ -83,6 +83,7 @@ def run(args: argparse.Namespace) -> dict:
         report.record("memcpy", lambda: m.copy_bandwidth(device, timing))
     report.record("storage", lambda: storage(cfg, me, seed, timing))
     if not distributed.initialized():  # one rank: nothing to reduce with; the steps still run
+        report.skip("allreduce_world", "one rank: nothing to reduce with")
         return train(report, "storage" in report.data["measures"], lambda: steps(cfg, args, seed, report))
 
     nodes = [None] * me.world_size
