@@ -45,6 +45,12 @@ from orchestrator.errors import UserError  # noqa: E402
 
 LOG_PATH = re.compile(r"^(?P<org>[^/]+)/results/(?P<system>[^/]+)/bert/(?P<name>result_\d+\.txt)$")
 DEFAULT_CACHE = REPO / "benchmarks" / "results" / "published_logs_official.jsonl"
+# The sets of issue 35's table: checked first, so a bounded official pass always judges them
+ISSUE_SETS = ("v2.0/Google/cloud-tpu-v4-8192-TF", "v2.0/Graphcore/ipu-pod16-POPART-closed",
+              "v2.1/MosaicML/8xA100_80GB-baseline", "v2.1/NVIDIA/dgxh100_preview", "v3.0/Azure/ND_H100_v5_pytorch",
+              "v3.0/Intel-HabanaLabs/HLS-Gaudi2-PT", "v3.0/NVIDIA/dgxh100_ngc23.04_pytorch",
+              "v3.1/NVIDIA/eos_n434_ngc23.09_pytorch", "v4.0/Dell/XE9680x8H100-SXM-80GB",
+              "v4.0/NVIDIA/h200_ngc23.09_pytorch")
 
 
 @dataclass
@@ -124,6 +130,15 @@ def write_blobs(git_dir: Path, logs: list[PublishedLog], root: Path) -> dict[str
 
 
 # ---- the official checker, cached
+
+
+def official_order(logs: list[PublishedLog]) -> list[PublishedLog]:
+    """The issue's sets first, then breadth first: every set's result_0, then every set's result_1, ...
+    so that a pass cut by its budget has judged some logs of every set."""
+    def rank(log: PublishedLog):
+        run = int(re.search(r"\d+", log.name).group())
+        return (log.set_id not in ISSUE_SETS, run, log.set_id)
+    return sorted(logs, key=rank)
 
 
 def load_cache(path: Path) -> dict[tuple[str, str], dict]:
@@ -208,7 +223,7 @@ def judge_set(logs: list[PublishedLog], files: dict[str, Path], cache) -> SetRec
     try:
         rs = resultset.from_directory(folder)
         full = len(rs.files) == scoring.required_runs()
-        report = verdict.assess(rs, logs[0].ruleset, with_score=full, check=cached_checks)
+        report = verdict.assess(rs, logs[0].ruleset, with_score=full, check=cached_checks, summarizer=False)
     except UserError as e:
         record.bertctl_error = str(e)
         for official in by_file.values():
@@ -263,26 +278,31 @@ def main(argv: list[str] | None = None) -> int:
              "(timings on 2 shared cores: noisy)", ""]
     totals: Counter = Counter()
     sets_out = []
-    for git_dir in args.repos:
-        logs = published_logs(git_dir)
-        with tempfile.TemporaryDirectory(prefix="bertctl-sweep-") as tmp:
-            files = write_blobs(git_dir, logs, Path(tmp))
-            ran = official_pass(logs, files, cache, args.cache, args.timeout, deadline)
-            if args.official_only:
-                print(f"{git_dir}: {len(logs)} logs, {ran} newly checked, "
-                      f"{sum((log.ruleset, log.blob) in cache for log in logs)} cached", flush=True)
-                continue
+    with tempfile.TemporaryDirectory(prefix="bertctl-sweep-") as tmp:
+        rounds, files = [], {}
+        for git_dir in args.repos:
+            logs = published_logs(git_dir)
+            files.update(write_blobs(git_dir, logs, Path(tmp) / round_ruleset(git_dir)))
+            rounds.append((round_ruleset(git_dir), logs))
+        everything = [log for _, logs in rounds for log in logs]
+        ran = official_pass(official_order(everything), files, cache, args.cache, args.timeout, deadline)
+        judged = sum((log.ruleset, log.blob) in cache for log in everything)
+        print(f"{len(everything)} logs, {len(files)} in the clones; official checker: {ran} newly run, "
+              f"{judged} judged", flush=True)
+        lines.append(f"{len(everything)} logs listed, {len(files)} present in the clones, {judged} judged by "
+                     f"the official checker")
+        if args.official_only:
+            return 0
+        for ruleset, logs in rounds:
             by_set = defaultdict(list)
             for log in logs:
                 by_set[log.set_id].append(log)
             records = [judge_set(group, files, cache) for group in by_set.values()]
-        sets_out += records
-        summary = round_summary(round_ruleset(git_dir), records)
-        totals.update(summary)
-        print(format_summary(round_ruleset(git_dir), summary), flush=True)
-        lines.append(format_summary(round_ruleset(git_dir), summary))
-    if args.official_only:
-        return 0
+            sets_out += records
+            summary = round_summary(ruleset, records)
+            totals.update(summary)
+            print(format_summary(ruleset, summary), flush=True)
+            lines.append(format_summary(ruleset, summary))
     lines.append(format_summary("all", totals))
     print(format_summary("all", totals))
     lines += ["", f"# {time.monotonic() - started:.0f} s", ""] + [format_set(r) for r in sets_out]

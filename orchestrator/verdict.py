@@ -93,11 +93,11 @@ class Report:
 
 
 def assess(rs, ruleset: str | None = None, werror: bool = False, with_score: bool = True,
-           check=check_logs) -> Report:
+           check=check_logs, summarizer: bool = True) -> Report:
     """Check every log of the set with the official checker, then score it and check its RCP.
 
     `check(paths, ruleset, werror)` gives the checker's verdicts (benchmarks/published_logs_sweep.py
-    passes verdicts it cached)."""
+    passes verdicts it cached, and no summarizer: it re-runs the checker on every log)."""
     if with_score:
         rs.require_runs(scoring.required_runs())
     chosen, reason = choose_ruleset(rs.directory, rs.first_time_ms, ruleset, rs.recorded_ruleset)
@@ -113,7 +113,7 @@ def assess(rs, ruleset: str | None = None, werror: bool = False, with_score: boo
     malformed = [r.file for r, s in zip(report.runs, rs.summaries) if own_problem(s)]
     report.problems += repeated_runs(rs)
     if with_score:
-        _score(report, rs, skip_official=bool(malformed))
+        _score(report, rs, skip_official=bool(malformed), summarizer=summarizer)
     _judge(report, with_score, malformed)
     if malformed:
         report.problems.append(
@@ -170,14 +170,14 @@ def _run_verdict(s, check: CheckResult) -> RunVerdict:
     )
 
 
-def _score(report: Report, rs, skip_official: bool = False) -> None:
+def _score(report: Report, rs, skip_official: bool = False, summarizer: bool = True) -> None:
     report.score = scoring.olympic_score([(r.file, r.minutes, r.converged) for r in report.runs])
     if skip_official:
         report.rcp_note = "not checked: a malformed log would reach the official parser"
         report.notes.append("result_summarizer and RCP not run: they would read the malformed log(s)")
         return
     try:
-        report.summarizer = scoring.summarizer_score(rs.directory, report.ruleset)
+        report.summarizer = scoring.summarizer_score(rs.directory, report.ruleset) if summarizer else None
     except Exception as e:  # noqa: BLE001  (the official tool's own failure, whatever it is, is one line)
         report.problems.append(f"the official result summarizer crashed on these logs: {_one_line(e)}")
     report.rcp_note = scoring.rcp_applies(report.division, report.ruleset)
