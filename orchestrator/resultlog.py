@@ -277,6 +277,8 @@ class Rules:
         if not e.key:  # Supermicro's published v1.0 logs name their submission_* values with ""
             self.warn(e, f"an event with an empty key (value {json.dumps(e.value)[:40]}): the official checker "
                          "ignores it")
+        if self.run_stop is not None and e.key in NOT_AFTER_RUN_STOP:  # first: a copied line says more here
+            return f"{e.key} after run_stop (line {self.run_stop})"
         return self._metadata(e) or self._value(e) or self._order(e) or self._time(e)
 
     def finish(self) -> tuple[int, str] | None:
@@ -308,9 +310,10 @@ class Rules:
             return f"time_ms is {json.dumps(t)[:40]}, not a number"
         if not EARLIEST_MS <= t <= self.latest_ms:
             why = f"time_ms {t} is not a time this log could have been written at (2000 to now)"
-            if e.key in (K.RUN_START, K.RUN_STOP):
+            if e.key in (K.RUN_START, K.RUN_STOP) or t > self.latest_ms:
                 return why
-            # Google's published v0.7 logs write the submission_* keys with time_ms 0; the event is kept, its time not
+            # Google's published v0.7 logs write the submission_* keys with time_ms 0: no time rather than a
+            # false one. The event is kept, its time not used
             self.warn(e, f"{e.key}'s {why}; its time is not used")
             return None
         if self.run_start_ms is None or e.key == K.RUN_START:
@@ -385,8 +388,6 @@ class Rules:
         return None
 
     def _order(self, e: Event) -> str | None:
-        if self.run_stop is not None and e.key in NOT_AFTER_RUN_STOP:
-            return f"{e.key} after run_stop (line {self.run_stop})"
         if e.key == K.RUN_START:
             if self.run_start is not None:
                 return f"a second run_start (the first is on line {self.run_start})"
