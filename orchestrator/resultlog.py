@@ -59,6 +59,8 @@ NOT_AFTER_RUN_STOP = (K.RUN_START, K.RUN_STOP, K.EVAL_ACCURACY, K.BLOCK_START, K
 # samples in 7.8 s); benchmarks/published_logs_sweep.py measured every published log. A log claiming 13
 # times that did not happen.
 MAX_SAMPLES_PER_S = 10_000_000
+# The largest published global batch is 16,416 sequences (sweep of every published log)
+MAX_GLOBAL_BATCH = 1_000_000
 # Values a BERT run cannot have: nothing is trained with no batch, no sequence or a learning rate <= 0
 POSITIVE_VALUES = (K.GLOBAL_BATCH_SIZE, K.MAX_SEQUENCE_LENGTH, K.GRADIENT_ACCUMULATION_STEPS, K.OPT_BASE_LR,
                    "max_predictions_per_seq")
@@ -377,6 +379,9 @@ class Rules:
         if e.key in POSITIVE_VALUES and _is_number(v) and v <= 0:
             return f"{e.key} is {v}: a BERT run needs it above 0"
         if e.key == K.GLOBAL_BATCH_SIZE and _is_number(v):
+            if v > MAX_GLOBAL_BATCH:
+                return (f"global_batch_size is {v:,}: more than {MAX_GLOBAL_BATCH:,} sequences (60 times the "
+                        "largest published batch)")
             self.global_batch_size = v
         elif e.key == K.TRAIN_SAMPLES and _is_number(v):
             self.train_samples = v

@@ -262,6 +262,8 @@ def cases() -> list[Case]:
                  "samples/s: more than 10,000,000"),
             Case("lie/global_batch_size 0", set_field("global_batch_size", "value", "0", last=False),
                  "global_batch_size is 0: a BERT run needs it above 0"),
+            Case("lie/global_batch_size 10^12", set_field("global_batch_size", "value", "1000000000000", last=False),
+                 "global_batch_size is 1,000,000,000,000: more than 1,000,000"),
             Case("lie/negative learning rate", set_field("opt_base_learning_rate", "value", "-0.000425", last=False),
                  "opt_base_learning_rate is -0.000425"),
             Case("lie/max_sequence_length 0", set_field("max_sequence_length", "value", "0", last=False),
