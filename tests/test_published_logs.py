@@ -73,3 +73,14 @@ def test_bertctl_verdict_equals_the_official_checkers_on_every_sample_log(publis
         bertctl = checked.get(m["file"], False)
         assert bertctl == m["official_compliant"], (m["file"], verdict.own_problem(summaries[m["file"]]))
     assert len(handed) >= 21  # only the logs without run_stop (HPE v2.1) are failed before the checker
+
+
+def test_the_time_to_train_reader_predicts_a_v3_h100_set_and_a_set_without_a_score_does_not_raise(published):
+    """The issue: the benchmark's reader rejected every v3.0 H100 log (tracked_stats steps), and
+    PublishedCheck.error raised TypeError on a set without a score. One run has no olympic score."""
+    from orchestrator import predict, resultset
+
+    log = published["v3.0/NVIDIA/dgxh100_ngc23.04_pytorch/result_0.txt"]
+    check = predict.from_published(resultset.from_directory(log.parent), "3.0.0")
+    assert check.global_batch == 768 and check.prediction.rcp.ruleset == "3.0.0"
+    assert check.prediction.minutes > 0 and check.score_minutes is None and check.error is None
