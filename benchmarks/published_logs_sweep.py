@@ -267,6 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--official-budget", type=float, default=2400.0, help="seconds for new official checks")
     ap.add_argument("--timeout", type=float, default=60.0, help="seconds per official check")
     ap.add_argument("--official-only", action="store_true", help="fill the cache, judge nothing")
+    ap.add_argument("--from-end", action="store_true", help="check from the end of the order (a second process "
+                    "beside a first one: both append to the cache)")
     ap.add_argument("--out", type=Path, default=None, help="the record (default: print only)")
     args = ap.parse_args(argv)
 
@@ -285,7 +287,8 @@ def main(argv: list[str] | None = None) -> int:
             files.update(write_blobs(git_dir, logs, Path(tmp) / round_ruleset(git_dir)))
             rounds.append((round_ruleset(git_dir), logs))
         everything = [log for _, logs in rounds for log in logs]
-        ran = official_pass(official_order(everything), files, cache, args.cache, args.timeout, deadline)
+        order = official_order(everything)
+        ran = official_pass(order[::-1] if args.from_end else order, files, cache, args.cache, args.timeout, deadline)
         judged = sum((log.ruleset, log.blob) in cache for log in everything)
         print(f"{len(everything)} logs, {len(files)} in the clones; official checker: {ran} newly run, "
               f"{judged} judged", flush=True)
