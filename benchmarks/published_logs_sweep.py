@@ -84,6 +84,7 @@ class SetRecord:
     raw_olympic: float | None = None  # olympic mean of run_stop - run_start read by substring search
     rcp: str | None = None
     rcp_factor: float | None = None
+    scaled: float | None = None  # the score times the RCP factor, where the round's rcp_checker gives one
 
 
 def round_ruleset(git_dir: Path) -> str:
@@ -233,6 +234,7 @@ def judge_set(logs: list[PublishedLog], files: dict[str, Path], cache) -> SetRec
         return record
     record.passed, record.problems = report.passed, report.problems
     record.score = report.score.minutes if report.score else None
+    record.scaled = report.scaled_minutes
     if report.rcp is not None:
         record.rcp, record.rcp_factor = ("pass" if report.rcp.passed else "fail") + f" ({report.rcp.message})", \
             report.rcp.factor
@@ -346,6 +348,8 @@ def format_set(r: SetRecord) -> str:
             f"{'PASSED' if r.passed else 'FAILED' if r.passed is False else 'refused'}")
     if r.score is not None:
         head += f", score {r.score:.3f} min (raw olympic {r.raw_olympic or float('nan'):.3f})"
+        if r.scaled is not None and r.scaled != r.score:
+            head += f", RCP-scaled {r.scaled:.3f}"
     if r.rcp:
         head += f", RCP {r.rcp} x{r.rcp_factor:.4f}"
     details = [f"    bad input: {r.bertctl_error}"] if r.bertctl_error else []

@@ -67,6 +67,16 @@ class Report:
     def passed(self) -> bool:
         return not self.problems
 
+    @property
+    def scaled_minutes(self) -> float | None:
+        """The score as MLPerf publishes it: times the RCP factor (>= 1) when the runs converged faster
+        than the reference mean, as the round's rcp_checker computes it; rounds without RCPs (v0.7) and
+        the open division are not scaled."""
+        if self.score is None or self.score.minutes is None:
+            return None
+        factor = self.rcp.factor if self.rcp is not None and self.rcp.passed else 1.0
+        return self.score.minutes * factor
+
     def as_json(self) -> dict:
         score = self.score
         return {
@@ -80,6 +90,7 @@ class Report:
             "checker": f"mlperf-logging {self.checker}",
             "runs": [vars(r) for r in self.runs],
             "score_minutes": score.minutes if score else None,
+            "scaled_score_minutes": self.scaled_minutes,
             "score_note": score.note if score else "not scored (--no-score)",
             "dropped": score.dropped if score else [],
             "official_score_minutes": self.summarizer.minutes if self.summarizer else None,
@@ -251,6 +262,9 @@ def print_report(report: Report, console) -> None:
     score = report.score
     if score is not None and score.minutes is not None:
         console.print(f"score: {score.minutes:.3f} min ({score.note})", highlight=False)
+        if report.scaled_minutes != score.minutes:
+            console.print(f"score with the RCP scaling: {report.scaled_minutes:.3f} min (x{report.rcp.factor:.4f}: "
+                          "the runs converged faster than the RCP mean)", highlight=False)
     elif score is not None:
         console.print(f"score: {score.note}", highlight=False)
     if report.summarizer is not None:
