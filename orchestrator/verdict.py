@@ -104,7 +104,7 @@ class Report:
 
 
 def assess(rs, ruleset: str | None = None, werror: bool = False, with_score: bool = True,
-           check=check_logs, summarizer: bool = True) -> Report:
+           check=None, summarizer: bool = True) -> Report:
     """Check every log of the set with the official checker, then score it and check its RCP.
 
     `check(paths, ruleset, werror)` gives the checker's verdicts (benchmarks/published_logs_sweep.py
@@ -112,7 +112,7 @@ def assess(rs, ruleset: str | None = None, werror: bool = False, with_score: boo
     if with_score:
         rs.require_runs(scoring.required_runs())
     chosen, reason = choose_ruleset(rs.directory, rs.first_time_ms, ruleset, rs.recorded_ruleset)
-    checks = _checks(rs, chosen, werror, check)
+    checks = _checks(rs, chosen, werror, check or check_logs)
     report = Report(
         source="experiment" if rs.experiment else "directory", label=rs.label, directory=str(rs.directory),
         division=rs.division, ruleset=chosen, ruleset_reason=reason, checker=checker_version(),
@@ -164,7 +164,7 @@ def own_problem(s) -> str | None:
     return s.problem or s.incomplete
 
 
-def _checks(rs, ruleset: str, werror: bool, check=check_logs) -> list[CheckResult]:
+def _checks(rs, ruleset: str, werror: bool, check) -> list[CheckResult]:
     """The official checker's verdict on every log that passed bertctl's checks; ours on the others."""
     judged = [f for f, s in zip(rs.files, rs.summaries) if not own_problem(s)]
     official = iter(check(judged, ruleset, werror))
