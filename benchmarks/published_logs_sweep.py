@@ -45,6 +45,7 @@ from orchestrator.errors import UserError  # noqa: E402
 
 LOG_PATH = re.compile(r"^(?P<org>[^/]+)/results/(?P<system>[^/]+)/bert/(?P<name>result_\d+\.txt)$")
 DEFAULT_CACHE = REPO / "benchmarks" / "results" / "published_logs_official.jsonl"
+NOT_IN_CLONE = "no log of the set in the clone (git cat-file: missing)"
 # The sets of issue 35's table: checked first, so a bounded official pass always judges them
 ISSUE_SETS = ("v2.0/Google/cloud-tpu-v4-8192-TF", "v2.0/Graphcore/ipu-pod16-POPART-closed",
               "v2.1/MosaicML/8xA100_80GB-baseline", "v2.1/NVIDIA/dgxh100_preview", "v3.0/Azure/ND_H100_v5_pytorch",
@@ -204,7 +205,7 @@ def judge_set(logs: list[PublishedLog], files: dict[str, Path], cache) -> SetRec
             record.official_judged += 1
             record.official_pass += official["compliant"]
     if not present:
-        record.bertctl_error = "no log of the set in the clone"
+        record.bertctl_error = NOT_IN_CLONE
         return record
     folder = files[present[0].blob].parent
     record.raw_olympic = raw_olympic_minutes(sorted(folder.glob("result_*.txt")))
@@ -327,7 +328,9 @@ def round_summary(ruleset: str, records: list[SetRecord]) -> Counter:
         c["bertctl_malformed"] += r.bertctl_malformed
         c["warned_logs"] += r.warned
         c["disagreements"] += len(r.disagreements)
-        c["sets_refused"] += r.bertctl_error is not None
+        absent = r.bertctl_error == NOT_IN_CLONE
+        c["sets_absent"] += absent
+        c["sets_refused"] += r.bertctl_error is not None and not absent
         c["sets_passed"] += bool(r.passed)
         if r.score is not None and r.raw_olympic:
             c["scored"] += 1
@@ -339,7 +342,8 @@ def format_summary(name: str, c: Counter) -> str:
     return (f"{name}: {c['sets']} sets, {c['logs']} logs; official {c['official_pass']}/{c['official_judged']} "
             f"pass; bertctl {c['bertctl_pass']} pass, {c['bertctl_malformed']} malformed, {c['warned_logs']} "
             f"warned; {c['disagreements']} disagreements; {c['sets_passed']} sets pass, {c['sets_refused']} "
-            f"refused; score within 1% of raw olympic mean: {c['score_within_1pct']}/{c['scored']}")
+            f"refused as bad input, {c['sets_absent']} absent from the clone; score within 1% of raw olympic "
+            f"mean: {c['score_within_1pct']}/{c['scored']}")
 
 
 def format_set(r: SetRecord) -> str:
