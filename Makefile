@@ -28,7 +28,8 @@ test: env
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
 
-# regenerate tests/golden/ after an intended change to templates or cluster files (then read the diff)
+# regenerate tests/golden/ after an intended change to templates or cluster files (then read the diff);
+# a new run key with a default changes none (the scripts' run.yaml golden keeps only non-default keys)
 golden: env
 	BERTCTL_UPDATE_GOLDEN=1 $(BIN)/python -m pytest -q tests/test_render.py tests/test_data_cli.py -k golden
 

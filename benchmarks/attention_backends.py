@@ -23,12 +23,12 @@ import time
 import numpy as np
 import torch
 
-from trainer.attention import varlen_attention
 from trainer.config import ModelConfig
 from trainer.data.batch import collate
 from trainer.data.histogram import sample_lengths
 from trainer.data.layout import Sample
-from trainer.model import BertForPreTraining
+from trainer.model.attention import varlen_attention
+from trainer.model.bert import BertForPreTraining
 
 BACKENDS = ("per_sequence", "nested")
 

@@ -10,8 +10,8 @@ last line with the goal: group-local presort + packing at 1,024 ranks <= 1.01 ma
 import argparse
 import time
 
+from trainer.balance.simulate import STRATEGIES, print_table, simulate
 from trainer.data.histogram import wikipedia_histogram
-from trainer.simulate_balance import STRATEGIES, print_table, simulate
 
 
 def main() -> None:

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -36,7 +38,7 @@ from gpu.stages import BY_NAME, STAGES, Stage, write_record  # noqa: E402
 
 # what the product path imports beyond torch: a missing one is a carried wheel not installed
 NEEDED = ["pydantic", "yaml", "jinja2", "numpy", "h5py", "mlperf_logging.mllog", "trainer.config", "trainer.mlperf",
-          "orchestrator.cli", "orchestrator.results", "orchestrator.compliance"]
+          "orchestrator.cli", "orchestrator.results.summary", "orchestrator.results.compliance"]
 HINT = "make gpu-wheels, then bash benchmarks/gpu/device_run.sh installs it"
 
 
@@ -55,6 +57,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def preflight(args: argparse.Namespace) -> str | None:
     """What makes the suite unable to start, in one line; None when it can."""
+    if problem := settings_problem(args):  # first: they need no import
+        return problem
     for module in NEEDED:
         try:
             __import__(module)
@@ -67,6 +71,36 @@ def preflight(args: argparse.Namespace) -> str | None:
     unknown = [n for n in (args.stages or "").split(",") if n and n not in BY_NAME]
     if unknown:
         return f"--stages: unknown {unknown}; the stages are {', '.join(BY_NAME)}"
+    return None
+
+
+def settings_problem(args: argparse.Namespace) -> str | None:
+    """A run that would check nothing (no stage, no budget) or write nowhere (--out), in one line."""
+    if args.stages is not None and not any(args.stages.split(",")):
+        return f"--stages names no stage; the stages are {', '.join(BY_NAME)}"
+    if not (math.isfinite(args.budget) and args.budget > 0):
+        return f"--budget must be a positive number of seconds, got {args.budget}"
+    return out_problem(args.out)
+
+
+def out_problem(out: str) -> str | None:
+    """--out must be a folder the suite can write its records into (made here if missing; a probe file
+    is written and removed): checked before any stage runs, so a bad one is one line, not a traceback."""
+    if not out.strip():
+        return "--out is empty; expected a folder for the records (default gpu-run)"
+    folder = Path(out)
+    if folder.exists() and not folder.is_dir():
+        return f"--out {out}: is a file, not a folder"
+    made = not folder.exists()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / ".write-probe"
+        probe.write_text("probe")
+        probe.unlink()
+    except OSError as e:
+        if made:
+            shutil.rmtree(folder, ignore_errors=True)
+        return f"--out {out}: cannot write there: {e.strerror or e}"
     return None
 
 
@@ -177,7 +211,10 @@ def run_suite(args: argparse.Namespace) -> int:
     skipped = [r["stage"] for r in records if r["status"] == "skip" and r.get("reason", "").startswith("the budget")]
     if skipped:
         print(f"skipped for the budget ({args.budget:.0f} s): {', '.join(skipped)}", flush=True)
-    passed = all(r["status"] != "fail" for r in records)
+    ran = [r for r in records if r["status"] != "skip"]
+    if not ran:
+        print("no stage ran: nothing was checked, so nothing passed", flush=True)
+    passed = bool(ran) and all(r["status"] != "fail" for r in records)
     print(json.dumps({"suite": "bertctl gpu_suite", "quick": args.quick, "device": args.device, "out": str(out),
                       "passed": passed, "records": records}))
     return 0 if passed else 1

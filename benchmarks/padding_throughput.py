@@ -20,12 +20,12 @@ import time
 import numpy as np
 import torch
 
-from trainer.balance import pack_sequences
+from trainer.balance.algorithms import pack_sequences
 from trainer.config import ModelConfig
 from trainer.data.batch import collate
 from trainer.data.histogram import sample_lengths
 from trainer.data.layout import Sample
-from trainer.model import BertForPreTraining
+from trainer.model.bert import BertForPreTraining
 
 
 def sample_of(length: int, rng, vocab: int) -> Sample:

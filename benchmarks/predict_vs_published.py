@@ -1,4 +1,4 @@
-"""The time-to-train model (orchestrator/predict.py) against published MLPerf Training v1.1 BERT scores.
+"""The time-to-train model (orchestrator/checks/predict.py) against published MLPerf Training v1.1 BERT scores.
 
     python benchmarks/predict_vs_published.py              # the systems kept in tests/data
     python benchmarks/predict_vs_published.py --tree DIR   # every BERT system of a training_results_v1.1 checkout
@@ -29,8 +29,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from orchestrator import compliance, predict, resultset  # noqa: E402
+from orchestrator.checks import predict  # noqa: E402
 from orchestrator.errors import UserError  # noqa: E402
+from orchestrator.results import compliance, resultset
 
 DATA = ROOT / "tests" / "data"
 RULESET = "1.1.0"  # the round of the systems kept in tests/data; --tree takes the round from its path

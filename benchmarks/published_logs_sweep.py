@@ -11,7 +11,7 @@ path (`..._v3.0`) picks the ruleset (3.0.0), as bertctl's compliance-check does.
   runs on each log in its own process, with a timeout; its verdicts are cached in --cache (one JSON line
   per log, keyed by ruleset and the git blob id, so a rerun only checks logs it has not seen) and the
   whole official pass stops after --official-budget seconds (the rest stay "not judged").
-- bertctl judges each set as `compliance-check --results DIR --ruleset X.Y.0` does (orchestrator.verdict
+- bertctl judges each set as `compliance-check --results DIR --ruleset X.Y.0` does (orchestrator.results.verdict
   .assess, with the cached official verdicts in place of new checker processes): per log, malformed
   (bertctl's own checks), warned, or the official verdict; per set, the olympic score and the RCP check.
 - A disagreement is a log the official checker passes and bertctl fails (a false alarm), or the
@@ -39,9 +39,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO)]
 
-from orchestrator import compliance, resultset, scoring, verdict  # noqa: E402
-from orchestrator.compliance import CheckResult  # noqa: E402
 from orchestrator.errors import UserError  # noqa: E402
+from orchestrator.results import compliance, resultset, scoring, verdict  # noqa: E402
+from orchestrator.results.compliance import CheckResult  # noqa: E402
 
 LOG_PATH = re.compile(r"^(?P<org>[^/]+)/results/(?P<system>[^/]+)/bert/(?P<name>result_\d+\.txt)$")
 DEFAULT_CACHE = REPO / "benchmarks" / "results" / "published_logs_official.jsonl"

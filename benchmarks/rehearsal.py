@@ -57,7 +57,7 @@ def write_dataset(root: Path, layout: dict) -> None:
 
 def overrides(cluster: str, nodes: int, work: Path) -> list[str]:
     """Only what puts the job on this host: partition, time, scale, paths, this Python."""
-    from orchestrator.clusters import load_cluster
+    from orchestrator.config.clusters import load_cluster
 
     c = load_cluster(cluster).config
     mounts = [{"host": str(work / m.container.strip("/").replace("/", "_")), "container": m.container}
@@ -68,6 +68,9 @@ def overrides(cluster: str, nodes: int, work: Path) -> list[str]:
         "slurm.time_limit": "00:20:00",
         "resources.nodes": str(nodes),
         "run.train.global_batch_size": str(nodes * c.resources.tasks_per_node * per_rank_batch),
+        # the closed division's evaluation cadence follows the batch: the rules' interval for the new one
+        "run.train.eval_every_samples": "null",
+        "run.train.eval_start_samples": "null",
         "container.python": str(work / "image" / "bin" / "python"),
         "container.install": "wheel",  # a stock image: the job installs this bertctl first
         "container.mounts": json.dumps(mounts),
@@ -95,7 +98,7 @@ def stock_image_python(root: Path) -> None:
 def prepare_host(cluster: str, work: Path) -> None:
     from fake_node import dgx_a100
 
-    from orchestrator.clusters import load_cluster
+    from orchestrator.config.clusters import load_cluster
 
     c = load_cluster(cluster).config
     for m in c.container.mounts:

@@ -15,7 +15,7 @@ the ratio is the median of the per-round ratios.
 Hugging Face pads every sequence to 512 and runs its MLM head on all 512 positions; ours runs
 the encoder on real tokens only (unpadded) and the MLM head on the masked positions only, with
 the loss as the trainer computes it (model(batch, loss_sums=True): on the CPU the decoder and its
-cross-entropy are one function, trainer/mlm_loss.py).
+cross-entropy are one function, trainer/model/mlm_loss.py).
 
 Threads: OpenMP's default wait policy lets idle threads spin; when another process shares the
 cores the spinning threads take the time slices the working thread needs, and a step with many
@@ -25,7 +25,7 @@ the thread count explicitly. --load N starts N busy-loop processes for the measu
 the ratio when the cores are shared.
 Each round also shows the CPU time of each step (all threads of this process): the ratio of those
 is the ratio of work, which other processes on the machine do not change. And the ratio of the two
-steps' training FLOPs (trainer/model.py::flops_per_sequence: Hugging Face's at 512 tokens with the MLM
+steps' training FLOPs (trainer/model/bert.py::flops_per_sequence: Hugging Face's at 512 tokens with the MLM
 head on all 512 positions, ours at the real lengths and masked positions): a speedup above it means
 ours also does its FLOPs faster.
 Last line: speedup_vs_hf=<median ratio> ours_seq_per_s=<x> hf_seq_per_s=<y> flop_ratio=<median FLOP ratio>
@@ -56,8 +56,8 @@ from trainer.config import ModelConfig
 from trainer.data.batch import collate
 from trainer.data.histogram import sample_lengths
 from trainer.data.layout import Sample
-from trainer.model import BertForPreTraining, flops_per_sequence
-from trainer.weights import load_pretrained
+from trainer.model.bert import BertForPreTraining, flops_per_sequence
+from trainer.model.weights import load_pretrained
 
 BATCH, SEQ, MAX_PRED = 16, 512, 76
 

@@ -16,7 +16,7 @@ from orchestrator.errors import UserError, WorkFailed
 
 
 def cmd_clusters(args: argparse.Namespace) -> int:
-    from orchestrator.clusters import cluster_files, load_cluster
+    from orchestrator.config.clusters import cluster_files, load_cluster
 
     for name in cluster_files():
         try:
@@ -28,8 +28,8 @@ def cmd_clusters(args: argparse.Namespace) -> int:
 
 
 def cmd_render(args: argparse.Namespace) -> int:
-    from orchestrator.clusters import load_cluster
-    from orchestrator.render import render
+    from orchestrator.config.clusters import load_cluster
+    from orchestrator.rendering.render import render
 
     cluster = load_cluster(args.cluster, args.override)
     sys.stdout.write(render(cluster, nexp=args.nexp, program="probe" if args.probe else "train"))
@@ -37,9 +37,9 @@ def cmd_render(args: argparse.Namespace) -> int:
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    from orchestrator import submit as submission
-    from orchestrator.clusters import load_cluster
-    from orchestrator.render import render
+    from orchestrator.config.clusters import load_cluster
+    from orchestrator.jobs import submit as submission
+    from orchestrator.rendering.render import render
 
     cluster = load_cluster(args.cluster, args.override)
     program = "probe" if args.probe else "train"
@@ -54,21 +54,22 @@ def cmd_submit(args: argparse.Namespace) -> int:
 
 def submit_and_report(cluster, nexp: int, program: str, follow: bool, note: str = "") -> int:
     """Submit; the experiment id on stdout as soon as the job exists, the rest on stderr."""
-    from orchestrator import submit as submission
+    from orchestrator.jobs import submit as submission
 
     exp = submission.submit(cluster, nexp, program)
     print(f"submitted {exp.id}{note}: {exp.nexp} run(s) on {exp.cluster}, job(s) {', '.join(exp.job_ids)}", file=sys.stderr)
     print(f"  follow it: bertctl status {exp.id}   bertctl logs {exp.id} -f", file=sys.stderr)
     print(exp.id, flush=True)
     if follow:
-        from orchestrator.follow import follow as follow_experiment
+        from orchestrator.jobs.follow import follow as follow_experiment
 
         return follow_experiment(exp, stderr_console())
     return 0
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from orchestrator import experiments, status
+    from orchestrator import experiments
+    from orchestrator.jobs import status
 
     damaged = []
     if args.experiment is not None:  # `status ""` is refused, not a listing of everything
@@ -92,13 +93,15 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    from orchestrator import experiments, logs
+    from orchestrator import experiments
+    from orchestrator.jobs import logs
 
     return logs.show(experiments.find(args.experiment), args.run, args.rank, args.follow, grep=args.grep, last=args.n)
 
 
 def cmd_cancel(args: argparse.Namespace) -> int:
-    from orchestrator import experiments, lifecycle
+    from orchestrator import experiments
+    from orchestrator.jobs import lifecycle
 
     exp = experiments.find(args.experiment)
     if not lifecycle.cancel(exp):
@@ -110,20 +113,22 @@ def cmd_cancel(args: argparse.Namespace) -> int:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    from orchestrator import experiments, lifecycle
+    from orchestrator import experiments
+    from orchestrator.jobs import lifecycle
 
     exp = lifecycle.resume(experiments.find(args.experiment), args.run)
     print(f"resumed {exp.id}: job(s) {', '.join(exp.job_ids)}", file=sys.stderr)
     print(exp.id)
     if args.follow:
-        from orchestrator.follow import follow
+        from orchestrator.jobs.follow import follow
 
         return follow(exp, stderr_console())
     return 0
 
 
 def cmd_rerun(args: argparse.Namespace) -> int:
-    from orchestrator import experiments, lifecycle
+    from orchestrator import experiments
+    from orchestrator.jobs import lifecycle
 
     original = experiments.find(args.experiment)
     cluster = lifecycle.rerun_cluster(original, args.override)
@@ -132,7 +137,8 @@ def cmd_rerun(args: argparse.Namespace) -> int:
 
 
 def cmd_diff(args: argparse.Namespace) -> int:
-    from orchestrator import experiments, lifecycle
+    from orchestrator import experiments
+    from orchestrator.jobs import lifecycle
 
     a, b = experiments.find(args.first), experiments.find(args.second)
     differences = lifecycle.config_differences(a, b)
@@ -166,7 +172,8 @@ def _cell(value) -> str:
 
 
 def cmd_rehearsal(args: argparse.Namespace) -> int:
-    from orchestrator import experiments, rehearsal
+    from orchestrator import experiments
+    from orchestrator.checks import rehearsal
 
     verdict = rehearsal.assess(experiments.find(args.experiment))
     if args.json:
@@ -177,7 +184,7 @@ def cmd_rehearsal(args: argparse.Namespace) -> int:
 
 
 def cmd_compliance_check(args: argparse.Namespace) -> int:
-    from orchestrator import resultset, verdict
+    from orchestrator.results import resultset, verdict
 
     rs = resultset.load(args.experiment, args.results)
     report = verdict.assess(rs, ruleset=args.ruleset, werror=args.werror, with_score=not args.no_score)
@@ -190,7 +197,8 @@ def cmd_compliance_check(args: argparse.Namespace) -> int:
 def cmd_package(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from orchestrator import experiments, package, resultset
+    from orchestrator import experiments
+    from orchestrator.results import package, resultset
 
     rs = resultset.from_experiment(experiments.find(args.experiment))
     try:
@@ -205,7 +213,7 @@ def cmd_package(args: argparse.Namespace) -> int:
 def cmd_plot(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from orchestrator import plot, resultset
+    from orchestrator.results import plot, resultset
 
     if args.out and Path(args.out).suffix.lower() != ".png":
         raise UserError(f"--out: the plot is a PNG file: the name must end in .png, got {args.out!r}")
@@ -306,29 +314,30 @@ def cmd_balance(argv: list[str]) -> int:
     (its options are its own: `bertctl balance --help`); `--cluster C` fills them from a cluster file."""
     import subprocess
 
-    from orchestrator.balance import simulator_arguments
+    from orchestrator.checks.balance import simulator_arguments
 
     try:
         argv = simulator_arguments(argv)
     except UserError as e:
         say_line(f"bertctl: error: {e}")
         return 2
-    return subprocess.call([sys.executable, "-m", "trainer.simulate_balance", *argv])
+    return subprocess.call([sys.executable, "-m", "trainer.balance.simulate", *argv])
 
 
 def cmd_preflight(args: argparse.Namespace) -> int:
-    from orchestrator import preflight
-    from orchestrator.clusters import load_cluster
+    from orchestrator.checks import preflight
+    from orchestrator.config.clusters import load_cluster
 
     preflight.check_threshold(args.threshold)  # before anything is submitted
     cluster = load_cluster(args.cluster, args.override)
+    preflight.check_settings(os.environ)
     exp, verdict = preflight.run(cluster, args.threshold, say_line)
     if args.json:
-        print(json.dumps(verdict.as_json(), indent=2))
+        print(preflight.strict_json(verdict.as_json()))
     else:
         preflight.print_tables(verdict, console(sys.stdout))
     say_line(f"figures: {exp.path / 'preflight.json'}")
-    return 1 if verdict.flagged else 0
+    return 1 if verdict.failed else 0
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -353,88 +362,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(fn=fn)
         return p
 
-    def cluster_args(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--cluster", required=True,
-                       help="a cluster name (see `bertctl clusters`) or a YAML file").completer = complete_clusters
-        p.add_argument("-o", dest="override", action="append", default=[], metavar="KEY.PATH=VALUE",
-                       help="override one value of the cluster file, e.g. -o run.optim.lr=1e-3 (repeatable)"
-                       ).completer = complete_keys
-        p.add_argument("--nexp", type=_run_count, default=1, help="number of runs (MLPerf BERT needs 10)")
-        p.add_argument("--probe", action="store_true",
-                       help="run the launch-path probe instead of training: every rank reports rank, node and devices")
-
-    verb("clusters", cmd_clusters, "list the cluster files, one line each")
-    cluster_args(verb("render", cmd_render, "print the exact script `submit` would submit"))
-    p = verb("submit", cmd_submit, "submit an experiment of NEXP runs; prints its id")
-    cluster_args(p)
-    p.add_argument("--dry-run", action="store_true", help="print the script that would be submitted, submit nothing")
-    p.add_argument("--test-only", action="store_true", help="ask Slurm (sbatch --test-only) whether and when it would run")
-    p.add_argument("--follow", action="store_true", help="stay and stream the runs' logs until the experiment ends")
-    p = verb("status", cmd_status, "experiments and their runs: state, progress, last eval accuracy (newest first)")
-    experiment_arg(p, nargs="?", help_="an experiment id (or unique prefix, or `last`); default: the newest ones")
-    p.add_argument("--state", action="append", type=str.upper, metavar="STATE",
-                   help="only experiments in this state (repeatable): " + ", ".join(STATES))
-    p.add_argument("--cluster", help="only experiments on this cluster").completer = complete_clusters
-    p.add_argument("-n", type=_positive, default=20, metavar="N", help="at most N experiments, newest first (default 20)")
-    p.add_argument("--json", action="store_true", help="one JSON object on stdout instead of the table")
-    p = verb("logs", cmd_logs, "print or follow a run's log")
-    experiment_arg(p)
-    p.add_argument("--run", type=int, help="run index (default: the newest started run)")
-    p.add_argument("--rank", type=int, help="only this rank's lines")
-    p.add_argument("--grep", metavar="PATTERN", help="only lines matching this regular expression")
-    p.add_argument("-n", type=_positive, metavar="N", help="only the last N lines (with -f: then keep following)")
-    p.add_argument("-f", "--follow", action="store_true", help="keep streaming until the run ends")
-    p = verb("cancel", cmd_cancel, "cancel an experiment's job(s)")
-    experiment_arg(p)
-    p = verb("resume", cmd_resume, "continue an experiment's interrupted or failed runs from their latest checkpoints")
-    experiment_arg(p)
-    p.add_argument("--run", type=int, action="append", help="only this run (repeatable; default: every unfinished run)")
-    p.add_argument("--follow", action="store_true", help="stay and stream the runs' logs until the experiment ends")
-    p = verb("rerun", cmd_rerun, "submit an experiment's resolved configuration again, as a new experiment")
-    experiment_arg(p)
-    p.add_argument("-o", dest="override", action="append", default=[], metavar="KEY.PATH=VALUE",
-                   help="change one value of the resolved configuration (repeatable)").completer = complete_keys
-    p.add_argument("--nexp", type=_run_count, help="number of runs (default: the original's)")
-    p.add_argument("--follow", action="store_true", help="stay and stream the runs' logs until the experiment ends")
-    p = verb("diff", cmd_diff, "two experiments side by side: the resolved configuration keys that differ, and results")
-    p.add_argument("first", help="an experiment id (or unique prefix, or `last`)").completer = complete_experiments
-    p.add_argument("second", help="an experiment id (or unique prefix, or `last`)").completer = complete_experiments
-    p.add_argument("--json", action="store_true", help="one JSON object on stdout")
-    p = verb("rehearsal", cmd_rehearsal, "check every rank's report of a launch probe (submit --probe): "
-             "ranks, nodes, GPUs, CPU sets, rendezvous, shards, exchange groups, container, seeds")
-    experiment_arg(p)
-    p.add_argument("--json", action="store_true", help="one JSON object on stdout instead of the table")
-    p = verb("compliance-check", cmd_compliance_check,
-             "judge a set of runs with the official MLPerf tools: checker per log, olympic score, RCP")
-    experiment_arg(p, nargs="?")
-    p.add_argument("--results", metavar="DIR", help="instead of an experiment: an MLPerf result tree or a folder of result_*.txt")
-    p.add_argument("--ruleset", help="the checker's ruleset (default: the experiment's, or a hint from the logs; "
-                                     "5.0.0 is the newest that accepts BERT)")
-    p.add_argument("--werror", action="store_true", help="the checker treats warnings as errors")
-    p.add_argument("--no-score", action="store_true", help="check each log only: any number of runs, no score, no RCP")
-    p.add_argument("--json", action="store_true", help="one JSON object on stdout (the table still goes to stderr)")
-    p = verb("package", cmd_package, "write an experiment as an MLPerf submission package and run the package checker")
-    experiment_arg(p, help_="an experiment id (or unique prefix, or `last`) with 10 runs")
-    p.add_argument("--org", required=True, help="the submitting organisation (the package's top folder)")
-    p.add_argument("--out", required=True, metavar="DIR", help="folder to write ORG/ into")
-    p.add_argument("--system", help="the system's id in the package (default: the cluster name)")
-    p.add_argument("--ruleset", help="the package checker's ruleset (default: the experiment's, 5.0.0)")
-    p = verb("plot", cmd_plot, "draw eval accuracy, training loss and throughput of every run as a PNG; prints its path. "
-             "Several experiments (or --results) are overlaid, one colour and line style each")
-    experiment_arg(p, nargs="*", help_="experiment ids (or unique prefixes, or `last`); two or more are overlaid")
-    p.add_argument("--results", metavar="DIR", action="append",
-                   help="an MLPerf result tree or a folder of result_*.txt (repeatable; overlaid with any experiments)")
-    p.add_argument("--out", metavar="PNG", help="where to write the PNG (default: convergence.png in the experiment; "
-                   "for an overlay or --results, convergence_<names>.png here)")
-    p = verb("preflight", cmd_preflight, "measure every node before a run (matmul, memory copy, all-reduce busbw "
-             "within nodes, across all and between node pairs, shard reads, training steps) and flag the slow ones")
-    p.add_argument("--cluster", required=True,
-                   help="a cluster name (see `bertctl clusters`) or a YAML file").completer = complete_clusters
-    p.add_argument("-o", dest="override", action="append", default=[], metavar="KEY.PATH=VALUE",
-                   help="override one value of the cluster file (repeatable)").completer = complete_keys
-    p.add_argument("--threshold", type=float, default=10.0, metavar="N",
-                   help="flag a node N %% or more below the median node on any measure (default 10)")
-    p.add_argument("--json", action="store_true", help="one JSON object on stdout instead of the tables")
+    for name, fn, help_, arguments in VERBS:
+        arguments(verb(name, fn, help_))
     add_data_verbs(verb)
     # listed here for --help; main() hands its arguments to the simulator untouched
     verbs.add_parser("balance", help="simulate load balance across ranks on the real length histogram: "
@@ -450,10 +379,138 @@ def experiment_arg(p: argparse.ArgumentParser, nargs: str | None = None,
     p.add_argument("experiment", nargs=nargs, help=help_).completer = complete_experiments
 
 
+# ---- each verb's arguments, one function per verb (VERBS lists them in --help's order)
+
+def cluster_args(p: argparse.ArgumentParser) -> None:
+    """`render` and `submit`: the cluster, its overrides, the run count."""
+    p.add_argument("--cluster", required=True,
+                   help="a cluster name (see `bertctl clusters`) or a YAML file").completer = complete_clusters
+    p.add_argument("-o", dest="override", action="append", default=[], metavar="KEY.PATH=VALUE",
+                   help="override one value of the cluster file, e.g. -o run.optim.lr=1e-3 (repeatable)"
+                   ).completer = complete_keys
+    p.add_argument("--nexp", type=_run_count, default=1, help="number of runs (MLPerf BERT needs 10)")
+    p.add_argument("--probe", action="store_true",
+                   help="run the launch-path probe instead of training: every rank reports rank, node and devices")
+
+
+def no_args(p: argparse.ArgumentParser) -> None:
+    """`clusters` takes none."""
+
+
+def submit_args(p: argparse.ArgumentParser) -> None:
+    cluster_args(p)
+    p.add_argument("--dry-run", action="store_true", help="print the script that would be submitted, submit nothing")
+    p.add_argument("--test-only", action="store_true", help="ask Slurm (sbatch --test-only) whether and when it would run")
+    p.add_argument("--follow", action="store_true", help="stay and stream the runs' logs until the experiment ends")
+
+
+def status_args(p: argparse.ArgumentParser) -> None:
+    experiment_arg(p, nargs="?", help_="an experiment id (or unique prefix, or `last`); default: the newest ones")
+    p.add_argument("--state", action="append", type=str.upper, metavar="STATE",
+                   help="only experiments in this state (repeatable): " + ", ".join(STATES))
+    p.add_argument("--cluster", help="only experiments on this cluster").completer = complete_clusters
+    p.add_argument("-n", type=_positive, default=20, metavar="N", help="at most N experiments, newest first (default 20)")
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout instead of the table")
+
+
+def logs_args(p: argparse.ArgumentParser) -> None:
+    experiment_arg(p)
+    p.add_argument("--run", type=int, help="run index (default: the newest started run)")
+    p.add_argument("--rank", type=int, help="only this rank's lines")
+    p.add_argument("--grep", metavar="PATTERN", help="only lines matching this regular expression")
+    p.add_argument("-n", type=_positive, metavar="N", help="only the last N lines (with -f: then keep following)")
+    p.add_argument("-f", "--follow", action="store_true", help="keep streaming until the run ends")
+
+
+def resume_args(p: argparse.ArgumentParser) -> None:
+    experiment_arg(p)
+    p.add_argument("--run", type=int, action="append", help="only this run (repeatable; default: every unfinished run)")
+    p.add_argument("--follow", action="store_true", help="stay and stream the runs' logs until the experiment ends")
+
+
+def rerun_args(p: argparse.ArgumentParser) -> None:
+    experiment_arg(p)
+    p.add_argument("-o", dest="override", action="append", default=[], metavar="KEY.PATH=VALUE",
+                   help="change one value of the resolved configuration (repeatable)").completer = complete_keys
+    p.add_argument("--nexp", type=_run_count, help="number of runs (default: the original's)")
+    p.add_argument("--follow", action="store_true", help="stay and stream the runs' logs until the experiment ends")
+
+
+def diff_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("first", help="an experiment id (or unique prefix, or `last`)").completer = complete_experiments
+    p.add_argument("second", help="an experiment id (or unique prefix, or `last`)").completer = complete_experiments
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout")
+
+
+def rehearsal_args(p: argparse.ArgumentParser) -> None:
+    experiment_arg(p)
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout instead of the table")
+
+
+def compliance_check_args(p: argparse.ArgumentParser) -> None:
+    experiment_arg(p, nargs="?")
+    p.add_argument("--results", metavar="DIR", help="instead of an experiment: an MLPerf result tree or a folder of result_*.txt")
+    p.add_argument("--ruleset", help="the checker's ruleset (default: the experiment's, or a hint from the logs; "
+                                     "5.0.0 is the newest that accepts BERT)")
+    p.add_argument("--werror", action="store_true", help="the checker treats warnings as errors")
+    p.add_argument("--no-score", action="store_true", help="check each log only: any number of runs, no score, no RCP")
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout (the table still goes to stderr)")
+
+
+def package_args(p: argparse.ArgumentParser) -> None:
+    experiment_arg(p, help_="an experiment id (or unique prefix, or `last`) with 10 runs")
+    p.add_argument("--org", required=True, help="the submitting organisation (the package's top folder)")
+    p.add_argument("--out", required=True, metavar="DIR", help="folder to write ORG/ into")
+    p.add_argument("--system", help="the system's id in the package (default: the cluster name)")
+    p.add_argument("--ruleset", help="the package checker's ruleset (default: the experiment's, 5.0.0)")
+
+
+def plot_args(p: argparse.ArgumentParser) -> None:
+    experiment_arg(p, nargs="*", help_="experiment ids (or unique prefixes, or `last`); two or more are overlaid")
+    p.add_argument("--results", metavar="DIR", action="append",
+                   help="an MLPerf result tree or a folder of result_*.txt (repeatable; overlaid with any experiments)")
+    p.add_argument("--out", metavar="PNG", help="where to write the PNG (default: convergence.png in the experiment; "
+                   "for an overlay or --results, convergence_<names>.png here)")
+
+
+def preflight_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--cluster", required=True,
+                   help="a cluster name (see `bertctl clusters`) or a YAML file").completer = complete_clusters
+    p.add_argument("-o", dest="override", action="append", default=[], metavar="KEY.PATH=VALUE",
+                   help="override one value of the cluster file (repeatable)").completer = complete_keys
+    p.add_argument("--threshold", type=float, default=10.0, metavar="N",
+                   help="flag a node N %% or more below the median node on any measure (default 10)")
+    p.add_argument("--json", action="store_true", help="one JSON object on stdout instead of the tables")
+
+
+# (verb, its cmd_* function, its help, its arguments), in --help's order; `data`, `convert-checkpoint`
+# (add_data_verbs) and `balance` follow
+VERBS = [
+    ("clusters", cmd_clusters, "list the cluster files, one line each", no_args),
+    ("render", cmd_render, "print the exact script `submit` would submit", cluster_args),
+    ("submit", cmd_submit, "submit an experiment of NEXP runs; prints its id", submit_args),
+    ("status", cmd_status, "experiments and their runs: state, progress, last eval accuracy (newest first)", status_args),
+    ("logs", cmd_logs, "print or follow a run's log", logs_args),
+    ("cancel", cmd_cancel, "cancel an experiment's job(s)", experiment_arg),
+    ("resume", cmd_resume, "continue an experiment's interrupted or failed runs from their latest checkpoints", resume_args),
+    ("rerun", cmd_rerun, "submit an experiment's resolved configuration again, as a new experiment", rerun_args),
+    ("diff", cmd_diff, "two experiments side by side: the resolved configuration keys that differ, and results", diff_args),
+    ("rehearsal", cmd_rehearsal, "check every rank's report of a launch probe (submit --probe): "
+     "ranks, nodes, GPUs, CPU sets, rendezvous, shards, exchange groups, container, seeds", rehearsal_args),
+    ("compliance-check", cmd_compliance_check,
+     "judge a set of runs with the official MLPerf tools: checker per log, olympic score, RCP", compliance_check_args),
+    ("package", cmd_package, "write an experiment as an MLPerf submission package and run the package checker", package_args),
+    ("plot", cmd_plot, "draw eval accuracy, training loss and throughput of every run as a PNG; prints its path. "
+     "Several experiments (or --results) are overlaid, one colour and line style each", plot_args),
+    ("preflight", cmd_preflight, "measure every node before a run (matmul, memory copy, all-reduce busbw "
+     "within nodes, across all and between node pairs, shard reads, training steps) and flag the slow ones", preflight_args),
+]
+
+
 # ---- shell completion (argcomplete): `eval "$(register-python-argcomplete bertctl)"`
 
 def complete_clusters(prefix: str, **_) -> list[str]:
-    from orchestrator.clusters import cluster_files
+    from orchestrator.config.clusters import cluster_files
 
     return [name for name in cluster_files() if name.startswith(prefix)]
 
@@ -469,8 +526,8 @@ def complete_experiments(prefix: str, **_) -> list[str]:
 
 def complete_keys(prefix: str, **_) -> list[str]:
     """`-o` keys of the cluster schema, completed one level at a time (`run.` -> `run.optim.` ...)."""
-    from orchestrator.clusters import ClusterConfig
-    from orchestrator.configfile import schema_keys
+    from orchestrator.config.clusters import ClusterConfig
+    from orchestrator.config.configfile import schema_keys
 
     key = prefix.partition("=")[0]
     return [k for k in schema_keys(ClusterConfig) if k.startswith(key)]

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from trainer.distributed import exit_process
+from trainer.parallel.distributed import exit_process
 
 
 def free_port() -> int:

@@ -184,14 +184,14 @@ def device(path: Path) -> None:
 
 
 def too_big(path: Path) -> None:
-    from orchestrator.resultlog import MAX_FILE_BYTES
+    from orchestrator.results.resultlog import MAX_FILE_BYTES
 
     with open(path, "wb") as f:
         f.truncate(MAX_FILE_BYTES + 1)
 
 
 def cases() -> list[Case]:
-    from orchestrator.resultlog import MAX_EVENTS
+    from orchestrator.results.resultlog import MAX_EVENTS
 
     time = [Case(f"time/run_stop {raw}", set_field("run_stop", "time_ms", raw), why, damaged)
             for raw, why, damaged in (

@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 
 from orchestrator import experiments
-from orchestrator.clusters import load_cluster
+from orchestrator.config.clusters import load_cluster
 from orchestrator.experiments import Experiment
 from trainer.config import mlperf_eval_interval
 from trainer.mlperf import EventLog
@@ -222,7 +222,8 @@ def tiny_closed_specs(n: int = 10, **changes) -> list[RunSpec]:
             for i in range(n)]
 
 
-TINY_CLOSED = ("run.mlperf.division=closed", "run.train.target_accuracy=0.72")
+# the local cluster's 2-layer model is far below the closed division's problem: it waives the rules of scale
+TINY_CLOSED = ("run.mlperf.division=closed", "run.mlperf.waive_scale_rules=true", "run.train.target_accuracy=0.72")
 
 
 def with_changes(specs: list[RunSpec], index: int, **changes) -> list[RunSpec]:

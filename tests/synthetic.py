@@ -46,8 +46,9 @@ def write_dataset(folder: Path, shards: int, per_shard: int, seed: int = 0, voca
 
 
 # A closed-division run of the tiny model: LAMB (the only closed optimizer), at a rate that reaches
-# the 0.720 target in about 1,700 samples (seed 0).
-CLOSED = {"optim": {"name": "lamb", "lr": 2e-2}, "mlperf": {"division": "closed"}}
+# the 0.720 target in about 1,700 samples (seed 0). Its model and data are far below the closed division's
+# BERT-large, 512-token, 10,000-sample problem, so it waives those rules (trainer/config/closed_rules.py).
+CLOSED = {"optim": {"name": "lamb", "lr": 2e-2}, "mlperf": {"division": "closed", "waive_scale_rules": True}}
 
 
 def tiny_run_config(tmp: Path, world_size: int = 1, batch_size: int = 8, **changes) -> Path:

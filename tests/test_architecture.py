@@ -69,6 +69,33 @@ def test_every_named_file_and_function_exists(path, symbol):
         assert defines(REPO / path, symbol), f"ARCHITECTURE.md names {path}::{symbol}, which is not defined there"
 
 
+def recipes() -> dict[str, list[str]]:
+    """ARCHITECTURE.md's "To add X, change Y" rows: what is added -> the files its second column lists."""
+    section = DOC.split("## To add X, change Y", 1)[1].split("\n## ", 1)[0]
+    rows = [line.split(" | ") for line in section.splitlines() if line.startswith("| ") and not line.startswith("| to add")]
+    return {row[0].lstrip("| "): [f.strip() for f in row[1].split(";")] for row in rows}
+
+
+def test_the_recipes_are_there():
+    assert {"a cluster key (e.g. `slurm.reservation`)", "a run key (`run.<section>.<key>`)", "an optimizer",
+            "a dataset manifest", "a CLI verb", "a cluster file"} <= set(recipes())
+
+
+@pytest.mark.parametrize("recipe", sorted(recipes()))
+def test_each_recipe_lists_files_that_exist(recipe):
+    files = recipes()[recipe]
+    assert files
+    for entry in files:
+        path = (PATH_REF.search(entry) or re.search(r"README\.md|ARCHITECTURE\.md", entry))
+        assert path, f"{recipe}: {entry!r} names no file"
+        pattern = re.sub(r"/(NAME|X)\.", "/*.", path[1] if path.re is PATH_REF else path[0])
+        assert list(REPO.glob(pattern)), f"{recipe}: {pattern} does not exist"
+
+
+def test_a_new_run_key_touches_at_most_five_files():
+    assert len(recipes()["a run key (`run.<section>.<key>`)"]) <= 5
+
+
 def code_names() -> list[str]:
     return sorted({n for n in re.findall(r"`([^`\s]+)`", DOC) if CODE_NAME.match(n) and n not in NOT_CODE})
 
@@ -175,7 +202,7 @@ def test_the_loss_row_names_the_functions_a_training_step_calls():
     from trainer.config import ModelConfig
     from trainer.data.batch import collate
     from trainer.data.layout import Sample
-    from trainer.model import BertForPreTraining
+    from trainer.model.bert import BertForPreTraining
 
     cfg = ModelConfig(num_layers=1, hidden_size=32, num_heads=2, intermediate_size=64, vocab_size=64, max_position_embeddings=64)
     model = BertForPreTraining(cfg)
@@ -197,8 +224,8 @@ def test_the_loss_row_names_the_functions_a_training_step_calls():
         sys.setprofile(None)
     (mlm + nsp).backward()
     row = next(line for line in DOC.splitlines() if line.startswith("| loss |"))
-    taken = {"trainer/mlm_loss.py::masked_lm_loss_sum", "trainer/model.py::nsp_loss_sum"}
-    assert taken <= called and "trainer/model.py::pretraining_loss_sums" not in called
+    taken = {"trainer/model/mlm_loss.py::masked_lm_loss_sum", "trainer/model/bert.py::nsp_loss_sum"}
+    assert taken <= called and "trainer/model/bert.py::pretraining_loss_sums" not in called
     assert all(name in row for name in taken), row
     first_named = PATH_REF.search(row.split("|")[3])
     assert f"{first_named.group(1)}::{first_named.group(2)}" in called  # the row's first function is one training calls
@@ -207,7 +234,59 @@ def test_the_loss_row_names_the_functions_a_training_step_calls():
 def test_the_trainer_class_reads_as_the_run_in_under_200_lines():
     """Bookkeeping beside the loop (progress, warm-up, checkpoints, counts) lives in its own modules:
     the class grew to 284 lines once and was brought back; this keeps it there."""
-    tree = ast.parse((REPO / "trainer" / "train.py").read_text())
+    tree = ast.parse((REPO / "trainer" / "loop" / "train.py").read_text())
     trainer = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Trainer")
     length = trainer.end_lineno - trainer.lineno + 1
     assert length < 200, f"class Trainer is {length} lines: move what is not the run itself beside it"
+
+
+def packages() -> list[Path]:
+    """The packages the import rules are declared for: each half's top and its subpackages (not deeper)."""
+    inits = [p for root in ("orchestrator", "trainer") for p in (REPO / root).rglob("__init__.py")]
+    return sorted(p for p in inits if len(p.relative_to(REPO).parts) <= 3)
+
+
+def package_of(module: str) -> str | None:
+    """The package a bertctl module belongs to: the subpackage under trainer/ or orchestrator/, or the top."""
+    parts = module.split(".")
+    if parts[0] not in ("trainer", "orchestrator"):
+        return None
+    if len(parts) > 1 and (REPO / parts[0] / parts[1] / "__init__.py").exists():
+        return ".".join(parts[:2])
+    return parts[0]
+
+
+def is_bertctl_module(module: str) -> bool:
+    path = REPO / module.replace(".", "/")
+    return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
+
+
+def declared_imports(init: Path) -> set[str] | None:
+    """The packages its docstring's `May import:` paragraph names (None: it has none)."""
+    doc = ast.get_docstring(tree(init)) or ""
+    found = re.search(r"^May import: (.*?)(?:\n\n|\Z)", doc, re.M | re.S)
+    if found is None:
+        return None
+    return set(re.findall(r"\b(?:trainer|orchestrator)(?:\.\w+)?\b", found.group(1)))
+
+
+@pytest.mark.parametrize("init", packages(), ids=lambda p: str(p.parent.relative_to(REPO)))
+def test_each_package_says_what_lives_there_and_imports_only_what_it_declares(init):
+    """Every import (at any level) of a package's modules stays within what its docstring allows."""
+    name = package_of(module_name(init))
+    allowed = declared_imports(init)
+    assert allowed is not None, f"{init.relative_to(REPO)}: its docstring has no 'May import:' paragraph"
+    own = [p for p in python_files(*(str(init.parent.relative_to(REPO)),)) if package_of(module_name(p)) == name]
+    used = {}
+    for path in own:
+        for module in imported_modules(path, module_level_only=False):
+            target = package_of(module)
+            if target not in (None, name) and is_bertctl_module(module):
+                used.setdefault(target, str(path.relative_to(REPO)))
+    undeclared = {t: f for t, f in used.items() if t not in allowed}
+    assert not undeclared, f"{init.relative_to(REPO)} does not declare: {undeclared}"
+
+
+def test_the_trainer_top_level_keeps_a_handful_of_modules():
+    top = sorted(p.name for p in (REPO / "trainer").glob("*.py"))
+    assert len(top) <= 8, top

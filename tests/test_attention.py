@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from trainer.attention import (
+from trainer.model.attention import (
     AttentionUnavailable,
     check_attention,
     cpu_dropout_attention,
@@ -16,7 +16,7 @@ from trainer.attention import (
     resolve_backend,
     varlen_attention,
 )
-from trainer.dropout import dropout, dropout_noise, dropout_threshold
+from trainer.model.dropout import dropout, dropout_noise, dropout_threshold
 
 HEADS, DIM = 4, 16
 LENGTHS = [1, 512, 37, 2, 300, 128, 1, 77]  # incl. the shortest and the longest BERT sequence
@@ -252,8 +252,8 @@ def test_cheap_hidden_dropout_drops_scales_and_repeats():
 
 def test_a_checkpoints_rng_state_repeats_the_dropout_masks_and_successive_masks_differ():
     """The masks' bits come from numpy's generator seeded by torch's: restoring the RNG state a
-    checkpoint saves (trainer/checkpoint.py) must give the resumed step the same masks."""
-    from trainer.checkpoint import rng_state, set_rng_state
+    checkpoint saves (trainer/checkpoints/run.py) must give the resumed step the same masks."""
+    from trainer.checkpoints.run import rng_state, set_rng_state
 
     x = torch.ones(300, 300)
     torch.manual_seed(3)
@@ -268,7 +268,7 @@ def test_a_checkpoints_rng_state_repeats_the_dropout_masks_and_successive_masks_
 
 def test_a_run_asking_for_flash_attn_on_the_cpu_stops_before_training_naming_the_key():
     from trainer.config import RuntimeConfig
-    from trainer.distributed import LaunchError, check_kernels
+    from trainer.parallel.distributed import LaunchError, check_kernels
 
     check_kernels(RuntimeConfig(attention="per_sequence", compile=True), torch.device("cpu"))
     with pytest.raises(LaunchError, match="^runtime.attention: flash_attn needs ") as raised:

@@ -7,7 +7,7 @@ from conftest import run_cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.clusters import load_cluster
+from orchestrator.config.clusters import load_cluster
 
 VALID = yaml.safe_load(load_cluster("ci_slurm").path.read_text())
 

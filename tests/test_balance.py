@@ -9,10 +9,10 @@ import pytest
 import torch
 from synthetic import make_sample, train_data, write_dataset
 
-from trainer.balance import bin_of, deal_order, pack_histogram, pack_sequences, quotas_from_counts
+from trainer.balance.algorithms import bin_of, deal_order, pack_histogram, pack_sequences, quotas_from_counts
+from trainer.balance.simulate import simulate
 from trainer.data.batch import collate
 from trainer.data.histogram import wikipedia_histogram
-from trainer.simulate_balance import simulate
 
 
 def test_quotas_from_the_real_histogram_are_samsungs_6_3_2_5():
@@ -67,13 +67,13 @@ def test_balance_json_output_contract():
     for field in ("max_over_mean_tokens", "max_over_mean_attention", "padding_share", "exchange_bytes_per_step"):
         assert field in data
     assert 0.0 <= data["padding_share"] <= 1.0 and data["exchange_bytes_per_step"] == 7 * 16 * 2 * (4 + 1024 + 152)
-    again = subprocess.run([sys.executable, "-m", "trainer.simulate_balance", "--ranks", "64", "--batch", "16",
+    again = subprocess.run([sys.executable, "-m", "trainer.balance.simulate", "--ranks", "64", "--batch", "16",
                             "--strategy", "group-exchange", "--json", "--seed", "3"], capture_output=True, text=True).stdout
     assert json.loads(again) == data  # --seed makes it reproducible
 
 
 def test_bad_balance_input_is_one_line():
-    proc = subprocess.run([sys.executable, "-m", "trainer.simulate_balance", "--ranks", "10", "--batch", "16", "--group", "4"],
+    proc = subprocess.run([sys.executable, "-m", "trainer.balance.simulate", "--ranks", "10", "--batch", "16", "--group", "4"],
                           capture_output=True, text=True)
     assert proc.returncode == 2 and proc.stderr.strip() == "bertctl balance: error: --group 4 must divide --ranks 10"
 
@@ -112,7 +112,7 @@ def test_stratified_batches_take_fixed_quotas_from_every_bin_and_use_each_sample
 
 def test_packed_batches_give_the_same_per_sequence_losses_as_unpacked(tmp_path):
     from trainer.config import ModelConfig
-    from trainer.model import BertForPreTraining
+    from trainer.model.bert import BertForPreTraining
 
     shards = write_dataset(tmp_path / "data", shards=2, per_shard=40, seed=5, max_len=64)
     data = train_data(shards, 0, 1, batch_size=6, seed=0, packing=True, pack_window=40, max_seq_length=64)
@@ -144,7 +144,7 @@ def test_the_simulator_honours_snake_false_as_the_trainer_does():
     snake = simulate("group-exchange", ranks=64, batch=16, group=8, steps=10, seed=4, counts=counts, snake=True)
     plain = simulate("group-exchange", ranks=64, batch=16, group=8, steps=10, seed=4, counts=counts, snake=False)
     assert not plain.snake and plain.max_over_mean_tokens > snake.max_over_mean_tokens  # round-robin favours member 0
-    proc = subprocess.run([sys.executable, "-m", "trainer.simulate_balance", "--ranks", "64", "--batch", "16",
+    proc = subprocess.run([sys.executable, "-m", "trainer.balance.simulate", "--ranks", "64", "--batch", "16",
                            "--strategy", "group-exchange", "--steps", "10", "--seed", "4", "--no-snake", "--json"],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr

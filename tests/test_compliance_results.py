@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import run_cli
 
-from orchestrator import resultset, verdict
+from orchestrator.results import resultset, verdict
 
 DATA = Path(__file__).parent / "data" / "mlperf-results" / "v1.1"
 TREES = {"Inspur": DATA / "Inspur", "GIGABYTE": DATA / "GIGABYTE"}

@@ -6,7 +6,7 @@ import sys
 import mllog_factory as f
 import pytest
 
-from orchestrator import scoring
+from orchestrator.results import scoring
 
 
 def runs(minutes, converged=None):
@@ -75,7 +75,7 @@ def test_compute_score_entry_point_is_still_broken(tmp_path):
     """mlperf-logging 4.1.68's `python -m mlperf_logging.result_summarizer.compute_score` unpacks the five
     values `_compute_strong_score_standalone(..., return_full_scores=True)` returns into four and crashes.
 
-    When this test fails, the tool works again: use it in orchestrator/scoring.py (summarizer_score)
+    When this test fails, the tool works again: use it in orchestrator/results/scoring.py (summarizer_score)
     instead of calling the private function, and delete this test.
     """
     for i, spec in enumerate(f.example_specs()):
@@ -84,14 +84,14 @@ def test_compute_score_entry_point_is_still_broken(tmp_path):
                            "--benchmark_folder", str(tmp_path), "--usage", "training", "--ruleset", "5.0.0"],
                           capture_output=True, text=True, cwd=tmp_path)
     fixed = proc.returncode == 0 and "Final score" in proc.stdout
-    assert not fixed, "compute_score works now: switch orchestrator/scoring.py to it (see this test's docstring)"
+    assert not fixed, "compute_score works now: switch orchestrator/results/scoring.py to it (see this test's docstring)"
     assert "ValueError: too many values to unpack (expected 4)" in proc.stderr
 
 
 def test_a_set_faster_than_the_rcp_mean_is_scaled_as_the_rcp_checker_says(tmp_path):
     """Olympic mean of samples to converge 2,325,000 at batch 448 (5.0.0: RCP mean 2,414,421, acceptable from
     2,274,732): the RCP passes and the score is multiplied by 2,414,421.33 / 2,325,000 (reference: 1.03846)."""
-    from orchestrator import verdict
+    from orchestrator.results import verdict
 
     for i, spec in enumerate(f.example_specs()):  # five runs at 2.25 M samples, five at 2.4 M
         f.write_log(tmp_path / f"result_{i}.txt", f.RunSpec(**{**vars(spec), "converge_samples": (2_250_000, 2_400_000)[i % 2]}))

@@ -18,7 +18,7 @@ import yaml
 from conftest import REPO, run_cli
 
 from orchestrator import experiments
-from orchestrator.clusters import load_cluster
+from orchestrator.config.clusters import load_cluster
 from orchestrator.experiments import Experiment
 
 pytestmark = pytest.mark.slow
@@ -29,7 +29,7 @@ PARALLEL = 2  # two cores
 @pytest.fixture(scope="session")
 def trained(tmp_path_factory) -> Path:
     """A folder with run.yaml and results/result_0..9.txt (converged) and aborted/result_0..1.txt (stopped early)."""
-    if importlib.util.find_spec("trainer.train") is None:
+    if importlib.util.find_spec("trainer.loop.train") is None:
         pytest.fail("trainer not available yet")
     from synthetic import CLOSED, tiny_run_config
 

@@ -9,9 +9,9 @@ from trainer.config import RunConfig, mlperf_eval_interval
 def minimal(**changes):
     raw = {
         "world_size": 8,
-        "data": {"train_dir": "/data"},
+        "data": {"train_dir": "/data", "eval_dir": "/eval"},
         "optim": {"lr": 1e-3, "max_steps": 100},
-        "train": {"batch_size": 4, "global_batch_size": 32, "max_samples_termination": 1000},
+        "train": {"batch_size": 4, "global_batch_size": 32, "max_samples_termination": 1000, "init_checkpoint": "/ckpt.pt"},
     }
     for key, value in changes.items():
         section, _, field = key.partition("__")
@@ -34,7 +34,8 @@ def test_eval_interval_follows_the_mlperf_formula(gbs, interval):
 
 
 def test_eval_interval_from_config_wins_over_the_formula():
-    cfg = RunConfig.model_validate(minimal(train__eval_every_samples=1234))
+    """In the open division: the closed one fixes the interval to the formula's."""
+    cfg = RunConfig.model_validate(minimal(train__eval_every_samples=1234, mlperf={"division": "open"}))
     assert cfg.train.eval_interval == 1234
     assert RunConfig.model_validate(minimal()).train.eval_interval == mlperf_eval_interval(32)
 
@@ -54,7 +55,7 @@ def test_cuda_only_features_are_rejected_on_cpu(key, value):
 
 
 def test_closed_division_needs_the_mlperf_target():
-    with pytest.raises(ValidationError, match="below MLPerf's 0.720"):
+    with pytest.raises(ValidationError, match="train.target_accuracy: 0.5 is not allowed in mlperf.division closed, which allows 0.72 only"):
         RunConfig.model_validate(minimal(train__target_accuracy=0.5))
     assert RunConfig.model_validate(minimal(train__target_accuracy=0.5, mlperf={"division": "open"}))
 
@@ -63,7 +64,8 @@ def test_closed_division_needs_the_mlperf_target():
 def test_closed_division_admits_lamb_only(name):
     """MLPerf's closed division fixes BERT's optimizer to LAMB (closed_bert.yaml requires its keys)."""
     with pytest.raises(ValidationError, match=f"optim.name: {name} is not allowed in mlperf.division closed, "
-                                              "which allows lamb only: set mlperf.division=open"):
+                                              r"which allows lamb only \(MLPerf BERT rule 'LAMB optimizer', since v0.7\): "
+                                              "set mlperf.division=open"):
         RunConfig.model_validate(minimal(optim={"name": name, "lr": 1e-3, "max_steps": 100}))
     assert RunConfig.model_validate(minimal(optim={"name": name, "lr": 1e-3, "max_steps": 100}, mlperf={"division": "open"}))
     assert RunConfig.model_validate(minimal(optim={"name": "lamb", "lr": 1e-3, "max_steps": 100})).optim.name == "lamb"
@@ -91,22 +93,22 @@ def test_bin_quotas_fill_one_streams_batch(streams, batch, quotas):
     """A stream's micro-batch is batch_size x ranks / streams (trainer/data/dataset.py): 8 ranks x 4
     over 16 streams is 2 per stream, over 32 streams 1. Quotas that add up to batch_size
     instead validated and then failed on every rank at the first batch."""
-    good = RunConfig.model_validate(minimal(data={"train_dir": "/data", "streams": streams},
+    good = RunConfig.model_validate(minimal(data={"train_dir": "/data", "eval_dir": "/eval", "streams": streams},
                                             balance={"stratified": True, "bin_quotas": quotas}))
     assert sum(good.balance.bin_quotas) == batch * 8 // (streams or 8)
     wrong = [batch, 0, 0, 0] if sum(quotas) != batch else [batch + 1, 0, 0, 0]
     needed = batch * 8 // (streams or 8)
     with pytest.raises(ValidationError, match=rf"balance.bin_quotas: .* each of the {streams or 8} data stream\(s\) "
                                               rf"takes .* the quotas must add up to {needed}"):
-        RunConfig.model_validate(minimal(data={"train_dir": "/data", "streams": streams},
+        RunConfig.model_validate(minimal(data={"train_dir": "/data", "eval_dir": "/eval", "streams": streams},
                                          balance={"stratified": True, "bin_quotas": wrong}))
 
 
 def test_streams_must_split_evenly_over_ranks_and_samples():
     with pytest.raises(ValidationError, match="data.streams: 12 data streams cannot be split evenly over 8 rank"):
-        RunConfig.model_validate(minimal(data={"train_dir": "/data", "streams": 12}))
+        RunConfig.model_validate(minimal(data={"train_dir": "/data", "eval_dir": "/eval", "streams": 12}))
     with pytest.raises(ValidationError, match="data.streams: 64 data streams cannot be split evenly"):
-        RunConfig.model_validate(minimal(data={"train_dir": "/data", "streams": 64}))  # 32 samples for 64 streams
+        RunConfig.model_validate(minimal(data={"train_dir": "/data", "eval_dir": "/eval", "streams": 64}))  # 32 samples for 64 streams
 
 
 def test_unknown_keys_are_rejected_and_values_are_frozen():

@@ -10,9 +10,9 @@ import pytest
 import torch
 from conftest import REPO, run_cli
 
-from trainer.convert_checkpoint import convert
+from trainer.checkpoints.convert import convert
+from trainer.checkpoints.tf_checkpoint import TFCheckpoint
 from trainer.data.prepare.errors import BadInput
-from trainer.tf_checkpoint import TFCheckpoint
 
 sys.path.insert(0, str(REPO / "tests" / "data"))
 import make_tf_fixtures  # noqa: E402  (numpy only: what TensorFlow was given)
@@ -120,8 +120,8 @@ def test_the_converted_model_gives_the_logits_of_the_weights_loaded_directly(con
 
 def test_the_trainer_loads_the_converted_checkpoint(converted, tmp_path):
     from trainer.config import ModelConfig
-    from trainer.model import BertForPreTraining
-    from trainer.weights import load_pretrained
+    from trainer.model.bert import BertForPreTraining
+    from trainer.model.weights import load_pretrained
 
     c = json.loads(CONFIG.read_text())
     model = BertForPreTraining(ModelConfig(num_layers=c["num_hidden_layers"], hidden_size=c["hidden_size"],
@@ -201,8 +201,8 @@ def write_index(path, entries: dict[bytes, bytes]) -> None:
 
     from tfrecord_hand_parser import encode_varint as v
 
+    from trainer.checkpoints.tf_checkpoint import TABLE_MAGIC
     from trainer.data.prepare.tfrecord import masked_crc
-    from trainer.tf_checkpoint import TABLE_MAGIC
 
     def block(items):  # every key whole (shared prefix 0), one restart point at offset 0
         body = b"".join(v(0) + v(len(k)) + v(len(value)) + k + value for k, value in items)
@@ -219,7 +219,7 @@ def write_index(path, entries: dict[bytes, bytes]) -> None:
 def test_adam_weight_decay_optimizer_slots_are_skipped(tmp_path, converted):
     """Google's BERT optimizer under TF2 names its slots var/AdamWeightDecayOptimizer(_1) (issue 16):
     the fixture's checkpoint with its LAMB slots so renamed converts to the same model."""
-    from trainer.tf_checkpoint import read_table
+    from trainer.checkpoints.tf_checkpoint import read_table
 
     prefix = copy_checkpoint(tmp_path)
     index = prefix.with_name(prefix.name + ".index")

@@ -2,7 +2,7 @@
 
   (b) `Shard` itself: ShardError "<file>: sample <i>: <problem>" (or "<file>: <problem>" for the file),
   (a) the trainer: its data path (TrainData, the eval reader) raises that error before any of the
-      shard is trained on, and `trainer.train.main` turns it into one line and exit 2,
+      shard is trained on, and `trainer.loop.train.main` turns it into one line and exit 2,
   (c) `data verify` on a prepared dataset, with checksums off and the broken file left out of the
       statistics (`--stats-files 1`): one FAIL naming the file, exit 1.
 
@@ -242,9 +242,9 @@ def run_config(tmp_path_factory) -> dict:
 
 
 def run_trainer_in_process(config: dict, folder: Path, capsys) -> tuple[int, list[str]]:
-    """`python -m trainer --config ... --out ...` as trainer.train.main runs it (an exception escaping
+    """`python -m trainer --config ... --out ...` as trainer.loop.train.main runs it (an exception escaping
     main would be the traceback a user sees)."""
-    from trainer.train import main
+    from trainer.loop.train import main
 
     path = folder / "run.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -261,7 +261,7 @@ def trained_updates(folder: Path) -> int:
 @pytest.mark.parametrize("case,layout", MATRIX)
 def test_the_trainer_data_path_refuses_the_shard_before_training(case, layout, tmp_path):
     """TrainData and the eval reader, given the run's limits (what train.py passes)."""
-    from trainer.evaluate import read_eval_samples
+    from trainer.loop.evaluate import read_eval_samples
 
     samples = synthetic_samples()
     path = tmp_path / "train" / "part_00000.hdf5"
@@ -406,3 +406,16 @@ def test_a_shard_without_samples_stops_the_trainer_instead_of_spinning(layout, t
             data.next_samples()
     finally:
         data.close()
+
+
+@pytest.mark.parametrize("kind", [h5py.string_dtype(), h5py.string_dtype("ascii")])
+def test_a_shard_of_strings_is_refused_naming_the_field(kind, tmp_path):
+    """Variable-length strings where token ids belong: h5py reports their type as `str`/`bytes`, no dtype."""
+    path = tmp_path / "strings.hdf5"
+    rng = np.random.default_rng(0)
+    write_shard(path, [make_sample(rng, 64, 64, 10) for _ in range(4)], layout="varlen")
+    with h5py.File(path, "r+") as f:
+        del f["input_ids"]
+        f.create_dataset("input_ids", data=np.array(["1 2 3"] * 4, dtype=object), dtype=kind)
+    with pytest.raises(ShardError, match=r"strings\.hdf5: input_ids holds (str|bytes) values, expected integers"):
+        Shard(path)

@@ -16,7 +16,7 @@ from conftest import GOLDEN, REPO, run_cli
 from data_helpers import SMALL, bertctl, digests, worker
 
 from orchestrator import data
-from orchestrator.clusters import load_cluster
+from orchestrator.config.clusters import load_cluster
 from trainer.config import DatasetManifest
 
 
@@ -271,3 +271,19 @@ def test_a_failed_write_exits_1_naming_the_file_and_leaves_no_partial_file(tmp_p
     root = tmp_path / "b" / "out"
     assert not (root / "prepared.json").exists() and not list(root.rglob(".*.tmp-*"))
     assert all(p.stat().st_size < 64 * 1024 for p in root.rglob("*.hdf5"))
+
+
+def test_a_node_variable_added_in_its_one_place_reaches_training_and_data_jobs_alike(monkeypatch):
+    """orchestrator/rendering/render.py::node_environment is the node environment of every job kind: what it adds
+    (here a stand-in for a new node key) is exported by the training script and the data-preparation array."""
+    from orchestrator.rendering import render
+
+    plain = render.node_environment
+    monkeypatch.setattr(render, "node_environment", lambda c: sorted([*plain(c), ("NEW_NODE_KEY", "a b'c")]))
+    training = render.render(load_cluster("nvidia_dgxa100_8x8"), nexp=1)
+    preparing = render_case("data_prepare_mlperf_wiki_nvidia_8x8")
+    for script in (training, preparing):
+        exports = [line for line in script.splitlines() if line.startswith("export NEW_NODE_KEY=") or
+                   line.startswith("export NCCL_TOPO_FILE=")]
+        assert exports == ["export NCCL_TOPO_FILE=/workspace/bert/dgxa100_nic_affinity.xml",
+                           "export NEW_NODE_KEY='a b'\"'\"'c'"], exports

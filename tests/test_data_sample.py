@@ -89,7 +89,7 @@ def test_the_trainer_reads_what_the_pipeline_wrote(root):
 
     from trainer.data.batch import collate
     from trainer.data.dataset import training_files
-    from trainer.evaluate import read_eval_samples
+    from trainer.loop.evaluate import read_eval_samples
 
     assert len(training_files(root / "train")) == 16 and len(training_files(root / "train_128")) == 4
     for stratified in (False, True):  # all shards of all bins, or Samsung's per-bin quotas

@@ -1,8 +1,9 @@
 """The embedded default end to end, as the README tells a newcomer to run it:
 
-- on this machine: `bertctl submit --cluster local --nexp 2 --follow` builds the sample dataset and
-  the phase-1 checkpoint (once), runs two phase-2 runs through the local executor, checks
-  them with the official MLPerf checker and draws the convergence plot;
+- on this machine: `bertctl submit --cluster local --nexp 2 --follow` finds the sample dataset complete
+  (built once per session by the same command: tests/data_helpers.py::sample_home), trains the phase-1
+  checkpoint, runs two phase-2 runs through the local executor, checks them with the official MLPerf
+  checker and draws the convergence plot;
 - on the CI's real Slurm: the same experiment as a 2-node job with 2 gloo ranks per node, exchange
   padding and bucket-wise clipping, followed through sacct, its log streamed, its runs checked.
 
@@ -22,7 +23,12 @@ MAIN_JOB = ["submit", "--cluster", "local", "--nexp", "2", "--follow"]  # the RE
 
 @pytest.fixture(scope="session")
 def demo_home(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("demo-home")
+    """It holds the session's sample build (tests/data_helpers.py::sample_home: the same `bertctl data
+    prepare --dataset sample` the job's prepare step runs, checked by tests/test_data_sample.py), so the
+    job's prepare step finds it complete; phase 1 and the runs are trained here."""
+    from data_helpers import home_with_sample
+
+    return home_with_sample(tmp_path_factory, "demo-home")
 
 
 @pytest.fixture(scope="session")
@@ -40,6 +46,7 @@ def test_the_main_job_trains_bert_in_two_phases_and_checks_it(local_demo, demo_h
     err = result.err
     for section in ("--- prepare ---", "--- phase1 ---", "--- run 0 ---", "--- run 1 ---"):
         assert section in err
+    assert "sample: complete at" in err.split("--- prepare ---")[1].split("--- phase1 ---")[0]  # the session's build
     baseline = float(re.search(r"scores (0\.\d+) \(the unigram baseline\)", err).group(1))
     phase1_log = err.split("--- phase1 ---")[1].split("--- run 0 ---")[0]
     phase1 = float(re.findall(r"eval at \d+ samples: mlm accuracy (0\.\d+)", phase1_log)[-1])

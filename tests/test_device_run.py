@@ -37,7 +37,7 @@ IMAGE_HAS = ["torch", "numpy", "h5py", "pyyaml", "jinja2", "rich", "protobuf", "
 IMAGE_LACKS = ["pydantic", "pydantic-core", "mlperf-logging", "madgrad", "argcomplete", "google-crc32c", "annotated-types",
                "typing-inspection"]
 STAGE_FILES = ["a_environment.json", "b_product.json", "c_parity_attention.json", "d_precision.json", "e_throughput.json",
-               "f_trainer_sync.json", "g_apex.json"]  # benchmarks/gpu/stages.py::STAGES
+               "f_trainer_sync.json", "g_apex.json", "h_profile.json"]  # benchmarks/gpu/stages.py::STAGES
 
 
 def closure(names: list[str]) -> set[str]:
@@ -164,8 +164,12 @@ def test_the_device_command_runs_its_stages_in_a_python_like_the_gpu_machines(gp
     product = found["b_product.json"]
     assert product["status"] == "pass", product
     assert [r["compliant"] for r in product["runs"]] == [True] and product["checker"].startswith("mlperf-logging 4.1")
-    assert product["command"].startswith("bertctl submit --cluster local -o run.runtime.device=cpu -o run.runtime.precision=fp32 "
-                                         "--nexp 1 --follow")
+    # the README's GPU command, word for word, is refused here in one line (no GPU), then the device-less
+    # submit runs the same experiment on the CPU
+    assert product["readme_command"] == ("bertctl submit --cluster local -o run.runtime.device=cuda "
+                                         "-o run.runtime.precision=bf16 --nexp 1 --follow")
+    assert "run.runtime.device: cuda, but this machine has no GPU" in product["readme_command_refused"]
+    assert product["command"].startswith("bertctl submit --cluster local --nexp 1 --follow") and product["run_device"] == "cpu"
     trainer = found["f_trainer_sync.json"]
     assert trainer["status"] == "pass", trainer
     assert trainer["checks"][0]["runs"]["bucket"]["steps_logged"] >= 20  # python -m trainer under torchrun

@@ -9,7 +9,7 @@ from synthetic import make_sample
 
 from trainer.config import BalanceConfig, DataConfig, OptimConfig
 from trainer.data.layout import Sample
-from trainer.exchange import Exchange
+from trainer.parallel.exchange import Exchange
 
 
 def key(s: Sample) -> tuple:
@@ -70,7 +70,7 @@ def test_group_exchange_runs_over_gloo_in_host_memory_and_global_on_the_run_devi
 def bucket_clip_on_rank(rank, world, bucket_cap_mb, max_norm):
     from torch.nn.parallel import DistributedDataParallel
 
-    from trainer.gradients import GradientSync, clip_, global_norm
+    from trainer.parallel.gradients import GradientSync, clip_, global_norm
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(6)])
@@ -146,10 +146,10 @@ def test_warm_up_leaves_model_optimizer_data_and_rng_untouched(tmp_path, monkeyp
     from gloo import free_port
     from synthetic import tiny_run_config
 
-    from trainer import distributed
-    from trainer.checkpoint import rng_state
+    from trainer.checkpoints.run import rng_state
     from trainer.config import load_run_config
-    from trainer.train import RunArgs, Trainer
+    from trainer.loop.train import RunArgs, Trainer
+    from trainer.parallel import distributed
 
     monkeypatch.setenv("MASTER_PORT", str(free_port()))
     config = tiny_run_config(tmp_path, optim={"clip": "bucket"}, runtime={"nccl_warmup_steps": 3, "unpad": True})
@@ -186,7 +186,7 @@ def packed_exchange_on_rank(rank, world, snake):
 
 def expected_packs(world: int, snake: bool) -> list[list[tuple]]:
     """Each rank's samples when the group's packs are dealt by token count, in the order asked for."""
-    from trainer.balance import deal_order
+    from trainer.balance.algorithms import deal_order
 
     units = [[key(local_samples(r, 6)[i]) for i in pack] for r in range(world) for pack in PACKS]
     tokens = np.array([sum(len(k[0]) for k in unit) for unit in units])
@@ -205,7 +205,7 @@ def test_a_vocabulary_beyond_int16_is_refused_and_the_largest_id_that_fits_survi
     from pydantic import ValidationError
 
     from trainer.config import ModelConfig
-    from trainer.exchange import decode, encode
+    from trainer.parallel.exchange import decode, encode
 
     with pytest.raises(ValidationError, match="less than or equal to 32768"):
         ModelConfig(vocab_size=32769)

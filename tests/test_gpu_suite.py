@@ -83,3 +83,20 @@ def test_a_child_past_its_stage_deadline_is_killed_with_its_own_children(tmp_pat
     time.sleep(0.5)
     stat = Path(f"/proc/{grandchild}/stat")
     assert not stat.exists() or stat.read_text().split(")")[-1].split()[0] == "Z", "the grandchild outlived the timeout"
+
+
+def test_the_throughput_and_profile_stages_run_their_variants_on_the_cpu(suite):
+    """Stage e's and h's code at the smallest shapes: every variant of the fast step measured (the CUDA
+    graph one says why it is skipped), compiled without falling back, the profile ranks ops and counts
+    casts, and FP8 says why it is skipped."""
+    cpu, tiny = torch.device("cpu"), SMALL.model_copy(update={"max_position_embeddings": 64})
+    record = suite.throughput(cpu, tiny, 1, 1, seq_len=64, warmup=1, probes=1)
+    assert record["status"] == "pass", record
+    for variant in ("hugging_face_padded_sdpa", "ours_reference", "fast_direct_flash", "fast_static_compile"):
+        assert record[variant]["seq_per_s"] > 0 and record[variant]["cpu_ms_per_step"] > 0, variant
+    assert record["compile_failed"] is None and record["compile_backend"] == "aot_eager"
+    assert record["fast_cuda_graph"] == {"skipped": "CUDA graphs need a CUDA device"}
+    profiled = suite.profile(cpu, tiny, 1, seq_len=64)
+    assert profiled["status"] == "pass" and profiled["top"] and profiled["casts_per_step"] >= 0, profiled
+    fp8 = suite.fp8_gemms(cpu)
+    assert fp8["status"] == "skip" and "compute capability 8.9" in fp8["reason"]

@@ -11,8 +11,8 @@ from conftest import run_cli
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.clusters import ClusterConfig, cluster_files, load_cluster
-from orchestrator.configfile import schema_keys
+from orchestrator.config.clusters import ClusterConfig, cluster_files, load_cluster
+from orchestrator.config.configfile import schema_keys
 
 SHIPPED = {name: yaml.safe_load(path.read_text()) for name, path in cluster_files().items()}
 KEYS = schema_keys(ClusterConfig)

@@ -21,7 +21,7 @@ from conftest import REPO, run_bertctl, run_cli
 from registry_records import record
 
 from orchestrator import experiments
-from orchestrator.clusters import load_cluster
+from orchestrator.config.clusters import load_cluster
 from orchestrator.errors import UserError
 
 GOOD_ID = "c-20260101-000000-aaaaaaaa"

@@ -7,12 +7,12 @@ import yaml
 from transformers import BertConfig
 from transformers import BertForPreTraining as HFBert
 
-from trainer.attention import AttentionUnavailable
 from trainer.config import ModelConfig
 from trainer.data.batch import collate
 from trainer.data.layout import Sample
-from trainer.model import BertForPreTraining, count_parameters, pretraining_loss_sums
-from trainer.weights import WeightsError, load_pretrained, tf_variable_names
+from trainer.model.attention import AttentionUnavailable
+from trainer.model.bert import BertForPreTraining, count_parameters, pretraining_loss_sums
+from trainer.model.weights import WeightsError, load_pretrained, tf_variable_names
 
 # vocab 1001 is not a multiple of 8: our decoder is padded to 1008 and sliced back
 SMALL = dict(num_layers=2, hidden_size=64, num_heads=4, intermediate_size=256, vocab_size=1001, max_position_embeddings=128)
@@ -195,7 +195,7 @@ def test_a_compiler_failure_falls_back_to_eager_with_one_warning_line(monkeypatc
 def test_the_pointwise_tails_keep_the_gemms_half_precision_under_autocast():
     """Under autocast the GEMM output is bf16 and the bias fp32: the tails add the bias in bf16, as
     the eager nn.Linear does, instead of promoting the whole activation to fp32."""
-    from trainer.model import bias_dropout_residual_layer_norm, bias_gelu
+    from trainer.model.bert import bias_dropout_residual_layer_norm, bias_gelu
 
     x, bias = torch.randn(4, 8, dtype=torch.bfloat16), torch.randn(8)
     assert bias_gelu(x, bias).dtype == torch.bfloat16
@@ -208,7 +208,7 @@ def test_a_backward_that_fails_to_compile_falls_back_to_eager_too(capfd):
     trial pass must meet the failure inside the guard, or training would crash instead."""
     from torch._dynamo.backends.common import aot_autograd  # torch 2.13 (pinned)
 
-    from trainer.model import Pointwise
+    from trainer.model.bert import Pointwise
 
     def broken_backward(graph, inputs):
         raise RuntimeError("no backward kernel today")
@@ -227,7 +227,7 @@ def test_a_backward_that_fails_to_compile_falls_back_to_eager_too(capfd):
 def test_the_compile_trial_builds_the_graph_training_then_uses():
     """The trial's copies keep Parameter-ness and requires_grad, which dynamo guards on: the real
     call reuses the trial's graph (one compilation), so its backward was compiled inside the guard."""
-    from trainer.model import Pointwise
+    from trainer.model.bert import Pointwise
 
     graphs = []
 
@@ -246,7 +246,7 @@ def test_the_compile_trial_builds_the_graph_training_then_uses():
 def test_the_fused_decoder_cross_entropy_equals_torchs_with_gradients():
     """LinearCrossEntropySum never forms the logits' gradient: its loss and the gradients of the
     hidden states, the (tied, padded) decoder weight and the bias must still be torch's."""
-    from trainer.mlm_loss import LinearCrossEntropySum, fused_fits, masked_lm_loss_sum
+    from trainer.model.mlm_loss import LinearCrossEntropySum, fused_fits, masked_lm_loss_sum
 
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(300, 64, generator=gen)
@@ -279,7 +279,7 @@ def test_the_fused_decoder_cross_entropy_equals_torchs_with_gradients():
 def test_the_fused_decoder_reuses_its_logits_buffer_but_never_one_in_flight():
     """A backward gives its logits buffer back and the next forward writes into it; two forwards
     before their backwards each get their own, so both backwards still see their own logits."""
-    from trainer.mlm_loss import masked_lm_loss_sum
+    from trainer.model.mlm_loss import masked_lm_loss_sum
 
     gen = torch.Generator().manual_seed(1)
     weight, bias = torch.randn(500, 32, generator=gen).requires_grad_(), torch.zeros(500, requires_grad=True)

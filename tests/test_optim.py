@@ -15,13 +15,23 @@ from madgrad import MADGRAD
 from synthetic import tiny_run_config
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from orchestrator.clusters import load_cluster
-from trainer.checkpoint import write_model
+from orchestrator.config.clusters import load_cluster
+from trainer.checkpoints.run import write_model
 from trainer.config import ModelConfig, OptimConfig
-from trainer.gradients import clip_, global_norm
 from trainer.mlperf import log_cache_clear
-from trainer.model import BertForPreTraining
-from trainer.optim import ACClip, Lamb, build_optimizer, learning_rate, parameter_groups, set_learning_rate, take_step
+from trainer.model.bert import BertForPreTraining
+from trainer.optim import (
+    OPTIMIZERS,
+    ACClip,
+    Lamb,
+    build_optimizer,
+    learning_rate,
+    mlperf_keys,
+    parameter_groups,
+    set_learning_rate,
+    take_step,
+)
+from trainer.parallel.gradients import clip_, global_norm
 
 
 def reference_lamb(params, grads_per_step, lr, wds, betas=(0.9, 0.999), eps=1e-6):
@@ -268,7 +278,7 @@ def test_apex_lamb_never_clips(monkeypatch):
 
 def test_apex_without_its_cuda_extensions_is_not_used_and_refused_in_one_line(monkeypatch):
     from trainer.config import RuntimeConfig
-    from trainer.distributed import LaunchError, check_kernels
+    from trainer.parallel.distributed import LaunchError, check_kernels
 
     stand_in_apex(monkeypatch, without="amp_C")
     assert type(build_optimizer(tiny_model(), optim_config("lamb"), use_apex=True, device_type="cuda")) is EXPECTED["lamb"]
@@ -307,7 +317,7 @@ def test_a_checkpoint_round_trip_gives_identical_next_steps(name):
     train_updates(model, opt, cfg, 5, 8)
 
     saved.seek(0)
-    checkpoint = torch.load(saved, map_location="cpu", weights_only=False)  # as trainer/checkpoint.py loads it
+    checkpoint = torch.load(saved, map_location="cpu", weights_only=False)  # as trainer/checkpoints/run.py loads it
     resumed = tiny_model(seed=1)
     resumed.load_state_dict(checkpoint["model"])
     resumed_opt = build_optimizer(resumed, cfg, use_apex=False, device_type="cpu")
@@ -424,10 +434,10 @@ def test_the_log_carries_the_keys_of_the_optimizer_in_use_only(tmp_path, name, k
     division = "closed" if name == "lamb" else "open"
     cfg = RunConfig.model_validate(yaml.safe_load(tiny_run_config(
         tmp_path, optim={"name": name, "betas": [0.8, 0.95], "epsilon": 1e-8, "weight_decay": 0.02},
-        mlperf={"division": division}).read_text()))
+        mlperf={"division": division, "waive_scale_rules": True}).read_text()))
     path = tmp_path / "result_0.txt"
     log = RunLogger(path, enabled=True)
-    log.hyperparameters(cfg, seed=3)
+    log.hyperparameters(cfg, seed=3, optimizer_keys=mlperf_keys(cfg.optim))
     log.close()
     events = {e["key"]: e["value"] for e in (json.loads(line.split(":::MLLOG ", 1)[1]) for line in path.read_text().splitlines())}
     optimizer = {k: v for k, v in events.items() if k.startswith("opt_") and not k.startswith(("opt_learning_rate", "opt_base"))}
@@ -436,3 +446,12 @@ def test_the_log_carries_the_keys_of_the_optimizer_in_use_only(tmp_path, name, k
     assert sorted(v for k, v in optimizer.items() if k != "opt_name") == sorted(
         {"lamb": [0.02, 0.8, 0.95, 1.0, 1e-8, 1e-8], "adam": [0.02, 0.8, 0.95, 1e-8], "madgrad": [0.02, 0.8, 1e-8],
          "acclip": [0.02, 0.8, 0.95, 1e-8]}[name])
+
+
+def test_an_optimizer_that_declares_no_keys_logs_none_rather_than_invented_ones(monkeypatch):
+    """The keys live beside the builder (trainer/optim.py::OPTIMIZERS): a name without an entry there is
+    an error, never `opt_<name>_beta_1` made up from its name."""
+    cfg = optim_config("lamb").model_copy(update={"name": "sgd"})
+    with pytest.raises(ValueError, match="optim.name: no optimizer named 'sgd'; expected one of lamb, adam, madgrad, acclip"):
+        mlperf_keys(cfg)
+    assert set(OPTIMIZERS) == set(CONFIG_NAMES)  # every schema name declares its keys

@@ -8,9 +8,9 @@ import mllog_factory as f
 import pytest
 from conftest import REPO, run_cli
 
-from orchestrator import package, scoring
-from orchestrator.clusters import cluster_files, load_cluster
+from orchestrator.config.clusters import cluster_files, load_cluster
 from orchestrator.errors import UserError
+from orchestrator.results import package, scoring
 
 
 def system_desc_valid(path: Path, ruleset: str = "5.0.0") -> bool:
@@ -107,7 +107,9 @@ def test_bert_large_never_bypasses_rcp(tmp_path):
 
 def test_the_package_states_the_nodes_the_runs_used(tmp_path):
     exp = f.make_experiment(f.example_specs(), cluster="nvidia_dgxa100_8x8",
-                            overrides=("resources.nodes=1", "run.train.global_batch_size=384"))
+                            # the closed division's evaluation cadence follows the batch: the rules' interval at 384
+                            overrides=("resources.nodes=1", "run.train.global_batch_size=384",
+                                       "run.train.eval_every_samples=null", "run.train.eval_start_samples=null"))
     result = run_cli("package", exp.id, "--org", "ExampleOrg", "--out", str(tmp_path))
     assert result.code == 0, result.err
     described = json.loads((tmp_path / "ExampleOrg" / "systems" / "nvidia_dgxa100_8x8.json").read_text())

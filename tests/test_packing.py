@@ -6,7 +6,7 @@ import pytest
 import torch
 from synthetic import make_sample, train_data, write_dataset
 
-from trainer.balance import pack_histogram, pack_plan, pack_sequences
+from trainer.balance.algorithms import pack_histogram, pack_plan, pack_sequences
 from trainer.data.batch import collate
 from trainer.data.histogram import wikipedia_histogram
 from trainer.data.layout import write_shard
@@ -56,7 +56,7 @@ def test_three_sequences_in_a_pack_never_attend_to_each_other(tmp_path):
     """Each sequence of a 3-sequence pack gets the MLM and NSP outputs it gets alone: no attention
     across sequences, positions restarting at each, one NSP prediction per sequence."""
     from trainer.config import ModelConfig
-    from trainer.model import BertForPreTraining
+    from trainer.model.bert import BertForPreTraining
 
     data = train_data(short_shards(tmp_path), batch_size=4, packing=True, pack_sequences=3, pack_window=60,
                       max_seq_length=64)
@@ -108,7 +108,7 @@ def test_the_packed_stream_opens_each_shard_once_packs_ahead_and_resumes_exactly
 def test_bad_packing_keys_are_one_line_and_nothing_trains(tmp_path, capsys, balance, message):
     from synthetic import tiny_run_config
 
-    from trainer.train import main
+    from trainer.loop.train import main
 
     config = tiny_run_config(tmp_path, balance=balance, runtime={"unpad": True}, train={"global_batch_size": 16})
     assert main(["--config", str(config), "--out", str(tmp_path / "out")]) == 2
@@ -120,7 +120,7 @@ def test_a_pack_smaller_than_the_longest_sequence_stops_before_the_first_step(tm
     from gloo import free_port
     from synthetic import tiny_run_config
 
-    from trainer.train import main
+    from trainer.loop.train import main
 
     monkeypatch.setenv("MASTER_PORT", str(free_port()))
     config = tiny_run_config(tmp_path, balance={"packing": True, "pack_sequences": 3, "pack_average": 2, "pack_window": 64},

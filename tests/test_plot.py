@@ -8,8 +8,8 @@ import mllog_factory as f
 import pytest
 from conftest import run_cli
 
-from orchestrator import plot, resultset
-from orchestrator.results import summarize
+from orchestrator.results import plot, resultset
+from orchestrator.results.summary import summarize
 
 INSPUR = Path(__file__).parent / "data" / "mlperf-results" / "v1.1" / "Inspur"
 

@@ -1,4 +1,4 @@
-"""Time to train, predicted (orchestrator/predict.py): the RCP point is the one compliance-check uses, the
+"""Time to train, predicted (orchestrator/checks/predict.py): the RCP point is the one compliance-check uses, the
 step and eval arithmetic from preflight's figures, and the model against published MLPerf v1.1 BERT scores.
 
 The published logs are real result trees from github.com/mlcommons/training_results_v1.1: Inspur's and
@@ -15,8 +15,9 @@ import pytest
 from conftest import REPO
 from rich.console import Console
 
-from orchestrator import predict, preflight, resultset, scoring
-from orchestrator.clusters import load_cluster
+from orchestrator.checks import predict, preflight
+from orchestrator.config.clusters import load_cluster
+from orchestrator.results import resultset, scoring
 
 PUBLISHED = REPO / "tests" / "data" / "mlperf-published" / "v1.1"
 RESULTS = REPO / "tests" / "data" / "mlperf-results" / "v1.1"
@@ -65,7 +66,7 @@ def test_below_the_rcp_table_the_smallest_batch_is_used_and_above_it_there_is_no
 
 def test_the_bert_parameter_count_is_the_models():
     from trainer.config import ModelConfig
-    from trainer.model import BertForPreTraining, count_parameters
+    from trainer.model.bert import BertForPreTraining, count_parameters
 
     small = ModelConfig(num_layers=2, hidden_size=64, num_heads=2, intermediate_size=128, vocab_size=1001)
     assert predict.bert_parameters(small) == count_parameters(BertForPreTraining(small))
@@ -124,8 +125,40 @@ def test_preflight_prints_the_prediction_with_its_assumptions_and_keeps_it_in_it
     text = out.getvalue()
     assert f"time to train, predicted: {verdict.time_to_train['minutes']:.2f} min" in text
     for words in ("assumed: compute: the slowest rank's", "assumed: all-reduce:", "assumed: samples to converge:",
-                  "assumed: evaluations:", "assumed: eval:", "assumed: overhead:"):
+                  "assumed: evaluations:", "assumed: eval:", "assumed: start-up:"):
         assert words in text
+
+
+def test_the_start_up_is_preflights_first_batch_of_the_slowest_rank():
+    first = rank_report(0.030, 100.0)
+    first["measures"]["train_compute"]["first_batch_s"] = 4.0
+    p = predict.from_preflight({0: first, 1: rank_report(0.025, 100.0)}, recipe_128x8())
+    assert p.overhead_s == 4.0 and p.minutes == pytest.approx((4.0 + p.evals * p.interval_s) / 60)
+
+
+def test_a_small_model_to_its_own_target_trains_its_budget_or_what_its_earlier_runs_needed():
+    """The local recipe (2 layers, target 0.13) is not BERT-large to 0.720: its RCP would ask for 2.4
+    million samples (preflight predicted 24,000 minutes for a run of ~2); its budget is 8,000."""
+    run = load_cluster("local").config.run
+    budget = predict.samples_to_converge(run)
+    assert budget.samples == 8000 and "an upper bound" in budget.how and "not BERT-large" in budget.how
+    measured = predict.samples_to_converge(run, [3200, 4000, 4800])
+    assert measured.samples == 4000 and "3 earlier converged run(s)" in measured.how
+    p = predict.from_preflight({0: rank_report(0.2, 1.0)}, run, [4000])
+    assert p.evals == pytest.approx(4000 / 800) and p.minutes < 2  # 5 x (50 steps x 0.2 s + the eval)
+    assert predict.samples_to_converge(recipe_128x8()).how.startswith("RCP")  # BERT-large to 0.720: the RCP
+
+
+def test_earlier_runs_count_only_when_their_run_yaml_is_this_recipe(bertctl_home):
+    from mllog_factory import RunSpec, make_experiment
+
+    run = load_cluster("local").config.run
+    assert predict.earlier_converged_samples(run) == []
+    runs = [RunSpec(seed=s, minutes=1.5, converge_samples=n, global_batch_size=16, eval_interval=800, legacy_keys=False,
+                    division="open", converged=ok) for s, n, ok in ((1, 3200, True), (2, 4800, True), (3, 8000, False))]
+    make_experiment(runs, cluster="local")
+    make_experiment(runs[:1], cluster="local", overrides=("run.optim.lr=2e-2",))  # another recipe
+    assert sorted(predict.earlier_converged_samples(run)) == [3200, 4800]
 
 
 def test_without_a_compute_figure_preflight_says_why_there_is_no_prediction():
@@ -186,6 +219,7 @@ def test_a_real_local_preflight_prints_the_predicted_minutes_and_writes_them_to_
     """Two gloo ranks on the local executor: the figures they measure reach the prediction."""
     import json
 
+    import yaml
     from conftest import run_bertctl
     from test_preflight import SMALL, local_cluster
 
@@ -199,4 +233,6 @@ def test_a_real_local_preflight_prints_the_predicted_minutes_and_writes_them_to_
                   for r in json.loads((exp_dir / "preflight.json").read_text())["ranks"])
     assert written["detail"]["compute_s"] == slowest
     assert f"time to train, predicted: {written['minutes']:.2f} min" in result.out
-    assert "assumed: convergence as BERT-large's, though a 2-layer" in result.out  # the tiny test model
+    # the tiny test model is not BERT-large: no RCP, no earlier run here, so its sample budget, said so
+    assert "an upper bound" in result.out and "assumed: start-up:" in result.out
+    assert written["rcp"]["samples"] == yaml.safe_load(cluster.read_text())["run"]["train"]["max_samples_termination"]

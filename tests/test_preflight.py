@@ -13,7 +13,7 @@ import yaml
 from conftest import REPO, run_bertctl, run_cli
 from synthetic import tiny_run_config
 
-from orchestrator import preflight
+from orchestrator.checks import preflight
 from trainer.launch.preflight_measures import gemm_shapes, pair_rounds
 
 SMALL = {"BERTCTL_PREFLIGHT_WINDOW": "0.2", "BERTCTL_PREFLIGHT_WINDOWS": "2", "BERTCTL_PREFLIGHT_STEPS": "2"}
@@ -210,7 +210,7 @@ def _tiny_model(exp_dir: Path):
     import torch
 
     from trainer.config import load_run_config
-    from trainer.model import BertForPreTraining
+    from trainer.model.bert import BertForPreTraining
 
     with torch.device("meta"):
         return BertForPreTraining(load_run_config(str(exp_dir / "run.yaml")).model)

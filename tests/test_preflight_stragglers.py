@@ -1,4 +1,4 @@
-"""Straggler naming during a run (trainer/stragglers.py): the rule, and a real 2-node training run on the
+"""Straggler naming during a run (trainer/loop/stragglers.py): the rule, and a real 2-node training run on the
 CI's Slurm with one node throttled by a cgroup CPU quota (tests/throttle.py),
 whose rank `bertctl status` and `bertctl logs` name."""
 
@@ -11,8 +11,8 @@ import pytest
 from conftest import run_bertctl
 from test_preflight_slurm import overrides, shards, throttled  # noqa: F401 (shards: the module's fixture)
 
-from orchestrator.status import last_straggler
-from trainer.stragglers import straggler
+from orchestrator.jobs.status import last_straggler
+from trainer.loop.stragglers import straggler
 
 
 def test_the_rank_with_the_most_compute_is_named_only_past_the_threshold():

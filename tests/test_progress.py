@@ -9,12 +9,13 @@ import pytest
 import torch
 from synthetic import make_sample, tiny_run_config
 
-from trainer import progress
 from trainer.config import ModelConfig
 from trainer.data.batch import collate
 from trainer.data.histogram import wikipedia_histogram
-from trainer.model import flops_per_sequence, training_flops
-from trainer.progress import Stopwatch, Tally, model_flops_utilization, peak_tflops
+from trainer.loop import progress
+from trainer.loop.progress import Stopwatch, model_flops_utilization, peak_tflops
+from trainer.loop.tally import Tally
+from trainer.model.bert import flops_per_sequence, training_flops
 
 
 def test_the_flop_model_gives_the_reference_figures_over_the_wikipedia_lengths():
@@ -98,7 +99,7 @@ def test_progress_rates_count_data_loading_and_leave_out_evaluations(tmp_path, m
     from gloo import free_port
 
     from trainer.config import load_run_config
-    from trainer.train import RunArgs, Trainer
+    from trainer.loop.train import RunArgs, Trainer
 
     monkeypatch.setenv("MASTER_PORT", str(free_port()))
     config = tiny_run_config(tmp_path, optim={"max_steps": 6},
@@ -128,7 +129,7 @@ def test_progress_rates_count_data_loading_and_leave_out_evaluations(tmp_path, m
 
 def run_to_the_end(trainer, out: Path) -> list[dict]:
     """Run the trainer to its end (exit 0) and return its metrics records."""
-    from trainer import distributed
+    from trainer.parallel import distributed
 
     try:
         assert trainer.run() == 0
@@ -154,7 +155,7 @@ def test_a_packed_run_reports_actual_beside_nominal_and_warns_when_its_packs_fal
     from gloo import free_port
 
     from trainer.config import load_run_config
-    from trainer.train import RunArgs, Trainer
+    from trainer.loop.train import RunArgs, Trainer
 
     monkeypatch.setenv("MASTER_PORT", str(free_port()))
     config = tiny_run_config(tmp_path, batch_size=4, balance={"packing": True, "pack_sequences": 3, "pack_average": 3,

@@ -11,7 +11,8 @@ import tarfile
 import pytest
 from conftest import REPO
 
-from orchestrator import compliance, results, verdict
+from orchestrator.results import compliance, verdict
+from orchestrator.results import summary as results
 
 ROUNDS = REPO / "tests" / "data" / "mlperf-rounds"
 MANIFEST = json.loads((ROUNDS / "logs.json").read_text())
@@ -78,7 +79,8 @@ def test_bertctl_verdict_equals_the_official_checkers_on_every_sample_log(publis
 def test_the_time_to_train_reader_predicts_a_v3_h100_set_and_a_set_without_a_score_does_not_raise(published):
     """The issue: the benchmark's reader rejected every v3.0 H100 log (tracked_stats steps), and
     PublishedCheck.error raised TypeError on a set without a score. One run has no olympic score."""
-    from orchestrator import predict, resultset
+    from orchestrator.checks import predict
+    from orchestrator.results import resultset
 
     log = published["v3.0/NVIDIA/dgxh100_ngc23.04_pytorch/result_0.txt"]
     check = predict.from_published(resultset.from_directory(log.parent), "3.0.0")

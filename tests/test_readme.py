@@ -9,6 +9,8 @@ import pytest
 from conftest import REPO, run_bertctl
 from test_demo import MAIN_JOB
 
+from orchestrator.config.local_gpus import visible_gpus
+
 README = (REPO / "README.md").read_text()
 
 # command -> the test that runs it word for word (they need a finished experiment, Slurm or hours)
@@ -28,6 +30,8 @@ MIRRORED = {
     "make gpu-wheels": "tests/test_device_run.py::wheels",
     "bash benchmarks/gpu/device_run.sh --budget 480 --out gpu-run":
         "tests/test_device_run.py::test_the_device_command_runs_its_stages_in_a_python_like_the_gpu_machines",
+    # the stage table's name for what stage f starts under torchrun (a module, not a whole command line)
+    "python -m trainer": "tests/test_device_run.py::test_the_device_command_runs_its_stages_in_a_python_like_the_gpu_machines",
     # needs the user's copy of the MLPerf files and a cluster named mycluster; the same path runs on
     # TFRecords written in the MLPerf layout in tests/test_data_tfrecord.py and as job arrays in tests/test_data_slurm.py
     "bertctl data prepare --dataset mlperf_wiki --cluster mycluster --wait -o source.train=/data/tfrecords "
@@ -52,8 +56,25 @@ def readme_commands() -> list[tuple[str, str]]:
     return found
 
 
+TABLE_COMMAND = re.compile(r"`((?:bertctl|bash|make|python) [^`]+)`")
+
+
+def readme_table_commands() -> list[tuple[str, str]]:
+    """(command, "") for every command a Markdown table row of the README shows in backticks."""
+    return [(cmd, "") for line in README.splitlines() if line.startswith("|") for cmd in TABLE_COMMAND.findall(line)]
+
+
+def all_readme_commands() -> list[tuple[str, str]]:
+    return readme_commands() + readme_table_commands()
+
+
+def test_the_readme_tables_commands_are_read():
+    """The stage table's GPU command is found (a test that reads no table cannot fail on one)."""
+    assert GPU_COMMAND in [cmd for cmd, _ in readme_table_commands()]
+
+
 def test_every_readme_command_is_run_here_or_by_a_named_test():
-    unknown = [cmd for cmd, _ in readme_commands() if cmd not in MIRRORED and cmd not in RUN_HERE]
+    unknown = [cmd for cmd, _ in all_readme_commands() if cmd not in MIRRORED and cmd not in RUN_HERE]
     assert not unknown, f"README commands no test exercises: {unknown}"
 
 
@@ -77,8 +98,16 @@ def check_render_override(result, shown):
     assert result.code == 0 and "lr: 0.0012\n" in result.out and "#SBATCH --partition=batch" in result.out
 
 
+KEY_LIST = re.compile(r"^(?P<head>.*\(valid keys under [\w.]+: )(?P<keys>[^()]*)\)$")
+
+
 def check_unknown_key(result, shown):
-    assert result.code == 2 and result.err.strip() == shown.strip()
+    """Word for word up to the list of valid keys; of that list the README shows a few, in bertctl's order,
+    then `...`: a new key needs no README change here, a shown key that is renamed or removed does."""
+    said, showed = KEY_LIST.match(result.err.strip()), KEY_LIST.match(shown.strip())
+    assert result.code == 2 and said and showed and said["head"] == showed["head"], result.err
+    listed, keys = said["keys"].split(", "), showed["keys"].split(", ")
+    assert keys[-1] == "..." and keys[:-1] == [k for k in listed if k in keys[:-1]] and len(keys) > 3, (listed, keys)
 
 
 def check_data_list(result, shown):
@@ -86,7 +115,7 @@ def check_data_list(result, shown):
 
 
 def check_data_prepare(result, shown):
-    assert result.code == 0, result.err
+    assert result.code == 0 and result.out.strip().endswith("/datasets/sample"), result.err
 
 
 def check_data_verify(result, shown):
@@ -103,6 +132,17 @@ def check_balance(result, shown):
     assert result.code == 0 and result.out.strip() == shown.strip()
 
 
+def check_gpu_command(result, shown):
+    """Where no GPU is visible (the machines CI runs on) the command is refused in one line, exit 2,
+    before anything is written. On a GPU machine it trains: the GPU suite's stage b runs it word for
+    word, and tests/test_device_run.py rehearses that stage on the CPU."""
+    lines = result.err.strip().splitlines()
+    assert result.code == 2 and len(lines) == 1 and "run.runtime.device: cuda, but this machine has no GPU" in lines[0], result.err
+    assert "Traceback" not in result.err and not result.out.strip()
+
+
+GPU_COMMAND = "bertctl submit --cluster local -o run.runtime.device=cuda -o run.runtime.precision=bf16 --nexp 1 --follow"
+
 RUN_HERE = {
     "bertctl clusters": check_clusters,
     "bertctl submit --cluster samsung_dgxa100 --nexp 10 --dry-run": check_dry_run,
@@ -114,17 +154,33 @@ RUN_HERE = {
     "bertctl compliance-check --results tests/data/mlperf-results/v1.1/Inspur --json": check_inspur,
     "bertctl balance --ranks 1024 --batch 16 --group 8": check_balance,
     "bertctl balance --cluster nvidia_dgxh100_1x8": check_balance,
+    # the stage table's GPU command (stage b of the GPU suite runs it word for word from the README)
+    GPU_COMMAND: check_gpu_command,
 }
 
 
 @pytest.fixture(scope="module")
 def readme_home(tmp_path_factory) -> Path:
-    """One $BERTCTL_HOME for the README's commands, in README order (data verify reads what prepare built)."""
-    return tmp_path_factory.mktemp("readme-home")
+    """One $BERTCTL_HOME for the README's commands, in README order. It holds the session's sample build
+    (tests/data_helpers.py::sample_home, made by the README's own `bertctl data prepare --dataset sample`),
+    so here that command finds it complete instead of building it a second time, and `data verify` checks it."""
+    from data_helpers import home_with_sample
+
+    return home_with_sample(tmp_path_factory, "readme-home")
 
 
-@pytest.mark.parametrize("command,shown", [c for c in readme_commands() if c[0] in RUN_HERE], ids=lambda v: v[:60])
+@pytest.mark.parametrize("command,shown", [c for c in all_readme_commands() if c[0] in RUN_HERE], ids=lambda v: v[:60])
 def test_readme_command_does_what_the_readme_shows(command, shown, readme_home):
     words = command.split()
     assert words[0] == "bertctl"
+    if command == GPU_COMMAND and visible_gpus():
+        pytest.skip("this machine has a GPU: the GPU suite's stage b runs the command (bash benchmarks/gpu/device_run.sh)")
     RUN_HERE[command](run_bertctl(*words[1:], env={"BERTCTL_HOME": str(readme_home)}, timeout=300), shown)
+
+
+def test_the_gpu_suites_product_stage_runs_the_readmes_command_word_for_word():
+    from benchmarks.gpu.product import auto_command, readme_gpu_command
+
+    assert ["bertctl", *readme_gpu_command()] == GPU_COMMAND.split()
+    # on a machine without a GPU it then runs the same submit without the device (the auto path)
+    assert [w for w in readme_gpu_command() if not w.startswith("run.runtime.") and w != "-o"] == auto_command(quick=False)

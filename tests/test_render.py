@@ -3,11 +3,19 @@
 Golden files live in tests/golden/. After an intended change, regenerate them with
     BERTCTL_UPDATE_GOLDEN=1 pytest tests/test_render.py
 and read the diff before committing it.
+
+Every line of a golden script is the rendered one except inside the run configurations' heredocs
+(run.yaml, phase1.yaml): those are checked as data (the whole file, defaults included, read back is
+the validated config; `check_run_configurations`), and the golden keeps only the keys that differ
+from the schema's defaults, the recipe, with `{digest}` for the content hash in the delimiter. So a new
+run key with a default changes no golden file, and a recipe value that changes shows in the diff.
 """
 
 import difflib
+import hashlib
 import json
 import os
+import re
 import shlex
 import stat
 import subprocess
@@ -18,8 +26,8 @@ import pytest
 import yaml
 from conftest import GOLDEN, run_cli
 
-from orchestrator.clusters import load_cluster
-from orchestrator.render import render
+from orchestrator.config.clusters import load_cluster
+from orchestrator.rendering.render import prerequisites, render
 from trainer.config import RunConfig
 
 CASES = {
@@ -35,10 +43,53 @@ CASES = {
 }
 
 
+def test_every_shipped_cluster_has_a_golden_script():
+    """A new clusters/NAME.yaml fails here until it has a case above (and `make golden` wrote its script)."""
+    from orchestrator.config.clusters import cluster_files
+
+    assert {cluster for cluster, *_ in CASES.values()} == set(cluster_files())
+
+
+# a run configuration's heredoc, as orchestrator/rendering/render.py::heredoc writes it
+RUN_CONFIG_HEREDOC = re.compile(r"^(?P<head>cat > \S+ <<')BERTCTL_(?P<label>RUN_YAML|PHASE1_YAML)_(?P<digest>[0-9a-f]{16})'\n"
+                                r"(?P<body>.*?)^BERTCTL_(?P=label)_(?P=digest)$", re.M | re.S)
+
+
+def run_configurations(text: str) -> dict[str, re.Match]:
+    return {m["label"]: m for m in RUN_CONFIG_HEREDOC.finditer(text)}
+
+
+def check_run_configurations(text: str, cluster, program: str) -> None:
+    """What every rank reads: the whole validated configuration, defaults included, and nothing else."""
+    expected = {"RUN_YAML": cluster.run}
+    if "phase1" in prerequisites(cluster, program):
+        expected["PHASE1_YAML"] = cluster.phase1_run()
+    found = run_configurations(text)
+    assert sorted(found) == sorted(expected)
+    for label, m in found.items():
+        data = yaml.safe_load(m["body"])
+        assert data == expected[label].model_dump(mode="json"), label  # every key, defaults included
+        assert RunConfig.model_validate(data) == expected[label], label
+        assert m["digest"] == hashlib.sha256(m["body"].encode()).hexdigest()[:16], label
+
+
+def golden_form(text: str) -> str:
+    """The script with each run configuration reduced to its keys that differ from the schema's defaults."""
+    def recipe(m: re.Match) -> str:
+        sparse = RunConfig.model_validate(yaml.safe_load(m["body"])).model_dump(mode="json", exclude_defaults=True)
+        body = yaml.safe_dump(sparse, sort_keys=False, width=100)
+        delimiter = f"BERTCTL_{m['label']}_{{digest}}"
+        return f"{m['head']}{delimiter}'\n{body}{delimiter}"
+    return RUN_CONFIG_HEREDOC.sub(recipe, text)
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_golden_script(case):
     cluster, nexp, program, overrides = CASES[case]
-    text = render(load_cluster(cluster, overrides), nexp=nexp, program=program)
+    loaded = load_cluster(cluster, overrides)
+    rendered = render(loaded, nexp=nexp, program=program)
+    check_run_configurations(rendered, loaded.config, program)
+    text = golden_form(rendered)
     path = GOLDEN / f"{case}.sh"
     if os.environ.get("BERTCTL_UPDATE_GOLDEN"):
         path.write_text(text)
@@ -46,6 +97,19 @@ def test_golden_script(case):
     if text != expected:
         diff = "".join(difflib.unified_diff(expected.splitlines(True), text.splitlines(True), str(path), "rendered"))
         pytest.fail(f"rendered script differs from {path}:\n{diff}\nIf intended: BERTCTL_UPDATE_GOLDEN=1 pytest {__file__}")
+
+
+def test_the_run_configuration_check_fails_on_a_changed_or_missing_key():
+    """The heredocs are no longer compared as text: the data check must catch what the text diff caught."""
+    loaded = load_cluster("local")
+    text = render(loaded, nexp=1)
+    check_run_configurations(text, loaded.config, "train")
+    body = run_configurations(text)["RUN_YAML"]["body"]
+    for changed in (body.replace("  keep: 3\n", "  keep: 4\n", 1), body.replace("  keep: 3\n", "", 1)):
+        assert changed != body
+        with pytest.raises(AssertionError):
+            check_run_configurations(text.replace(body, changed), loaded.config, "train")
+    assert "  keep: 3\n" not in golden_form(text) and "  lr: 0.01\n" in golden_form(text)  # defaults out, the recipe in
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -2,9 +2,9 @@
 
 import pytest
 
-from orchestrator import scheduler
-from orchestrator.scheduler import JobInfo, State
-from orchestrator.status import overall_state, run_state
+from orchestrator.jobs import scheduler
+from orchestrator.jobs.scheduler import JobInfo, State
+from orchestrator.jobs.status import overall_state, run_state
 
 
 @pytest.mark.parametrize("raw,state", [

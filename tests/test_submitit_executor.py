@@ -1,4 +1,4 @@
-"""bertctl submits through submitit's executor plugin interface (orchestrator/executors.py).
+"""bertctl submits through submitit's executor plugin interface (orchestrator/jobs/executors.py).
 
 The shape of every submitit method bertctl overrides or calls is pinned here (a new submitit that
 changes one fails these tests before it fails a submission); the local executor runs for real on
@@ -16,8 +16,7 @@ import submitit
 from conftest import run_bertctl, wait
 from submitit.core import core, utils
 
-from orchestrator import render
-from orchestrator.executors import (
+from orchestrator.jobs.executors import (
     BatchScript,
     LocalScriptExecutor,
     LocalScriptJob,
@@ -25,6 +24,7 @@ from orchestrator.executors import (
     SubmissionRefused,
     batch_outputs,
 )
+from orchestrator.rendering import render
 
 HOOKS = {
     "_make_submission_file_text": ["self", "command", "uid"],
@@ -67,7 +67,7 @@ def test_the_batch_output_is_named_as_submitit_names_a_jobs_output(tmp_path):
     """sbatch expands %j (%A_%a for an array element) in the rendered --output; submitit's JobPaths
     must find that file, or `Job.stdout()` and the status's error line read nothing."""
     c = render.sbatch_options
-    from orchestrator.clusters import load_cluster
+    from orchestrator.config.clusters import load_cluster
 
     config = load_cluster("ci_slurm").config
     plain = next(o for o in c(config, 1) if o.startswith("--output="))
@@ -91,8 +91,9 @@ def test_status_asks_the_scheduler_once_for_every_experiment_and_array_element(b
     submitit's watcher) gives each element its own state."""
     import dataclasses
 
-    from orchestrator import experiments, scheduler, status
+    from orchestrator import experiments
     from orchestrator.experiments import Experiment
+    from orchestrator.jobs import scheduler, status
 
     def make(job_ids, array=False):
         exp = Experiment(id=experiments.new_id("c"), cluster="c", cluster_source="x.yaml", executor="slurm", nexp=2,

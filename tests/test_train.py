@@ -155,9 +155,9 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
     corrupt.mkdir()
     (corrupt / "part_00000.hdf5").write_bytes(b"\x89HDF\r\n\x1a\n" + b"\0" * 100)
     assert "part_00000.hdf5: unreadable HDF5 shard" in run_with(data__train_dir=str(corrupt))
-    from trainer.checkpoint import write_model
+    from trainer.checkpoints.run import write_model
     from trainer.config import ModelConfig
-    from trainer.model import BertForPreTraining
+    from trainer.model.bert import BertForPreTraining
 
     narrower = BertForPreTraining(ModelConfig(**{**raw["model"], "hidden_size": 32, "intermediate_size": 64}))
     wrong = write_model(tmp_path / "wrong.pt", narrower)  # a checkpoint of another model size
@@ -188,10 +188,10 @@ def test_packed_steps_read_their_sequence_counts_only_where_a_decision_needs_the
     boundary hits exactly."""
     from gloo import free_port
 
-    from trainer import distributed
     from trainer.config import load_run_config
-    from trainer.loop_state import UnreadSamples
-    from trainer.train import RunArgs, Trainer
+    from trainer.loop.state import UnreadSamples
+    from trainer.loop.train import RunArgs, Trainer
+    from trainer.parallel import distributed
 
     monkeypatch.setenv("MASTER_PORT", str(free_port()))
     config = tiny_run_config(tmp_path, balance={"packing": True, "pack_sequences": 2, "pack_average": 2, "pack_window": 64},
@@ -241,7 +241,7 @@ def test_packed_steps_read_their_sequence_counts_only_where_a_decision_needs_the
 def test_unread_sample_counts_add_up_exactly_past_float32s_integers():
     """The per-step counts are float32 (exact); their sum must not be: 257 x 65,535 = 16,842,495
     is odd and above 2**24, where float32 keeps only even integers."""
-    from trainer.loop_state import UnreadSamples
+    from trainer.loop.state import UnreadSamples
 
     unread = UnreadSamples(per_step=65_536)
     for _ in range(257):

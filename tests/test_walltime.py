@@ -61,8 +61,8 @@ def test_a_job_longer_than_the_partitions_max_time_is_refused_and_nothing_is_wri
 
 
 def test_the_real_partitions_unlimited_max_time_lets_any_job_through():
-    from orchestrator.clusters import load_cluster
-    from orchestrator.submit import check_time_limit
+    from orchestrator.config.clusters import load_cluster
+    from orchestrator.jobs.submit import check_time_limit
 
     if shutil.which("sinfo") is None:
         pytest.skip("needs Slurm's sinfo")

@@ -1,7 +1,7 @@
 """`python -m trainer --config run.yaml`: one rank of a BERT pretraining run."""
 
-from trainer import distributed
-from trainer.train import main
+from trainer.loop.train import main
+from trainer.parallel import distributed
 
 code = main()
 if distributed.group_was_used():

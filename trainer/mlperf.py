@@ -11,6 +11,7 @@ its file handler appends, so each logger here gets its own `logging.Logger` with
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import re
 import sys
@@ -18,6 +19,8 @@ from pathlib import Path
 
 from mlperf_logging.mllog import constants as K
 from mlperf_logging.mllog import mllog
+
+from trainer.config.regular import open_regular
 
 # Two call frames sit between the caller and mllog: the public method and `_emit`.
 _STACK_OFFSET = 3
@@ -104,8 +107,9 @@ class RunLogger:
         self._init_event(K.SUBMISSION_STATUS, mlperf.status)
         self._init_event(K.SUBMISSION_PLATFORM, mlperf.platform)
 
-    def hyperparameters(self, cfg, seed: int) -> None:
-        """`cfg`: trainer.config.RunConfig."""
+    def hyperparameters(self, cfg, seed: int, optimizer_keys: list[tuple[str, object]]) -> None:
+        """`cfg`: trainer.config.RunConfig; `optimizer_keys`: the optimizer's own events, as its entry in
+        trainer/optim.py::OPTIMIZERS declares them (trainer/optim.py::mlperf_keys)."""
         t, o = cfg.train, cfg.optim
         self._init_event(K.SEED, seed)
         self._init_event(K.GLOBAL_BATCH_SIZE, t.global_batch_size)
@@ -115,7 +119,7 @@ class RunLogger:
         self._init_event("max_predictions_per_seq", cfg.data.max_predictions_per_seq)
         self._init_event(K.OPT_NAME, o.name)
         self._init_event(K.OPT_BASE_LR, o.lr)
-        for key, value in optimizer_keys(o):
+        for key, value in optimizer_keys:
             self._init_event(key, value)
         if cfg.mlperf.legacy_keys and o.name == "lamb":
             self._init_event("opt_epsilon", o.epsilon)  # LAMB's epsilon in rulesets 1.x and 2.0 (no constant in mllog)
@@ -168,22 +172,29 @@ class RunLogger:
             self._log.close()
 
 
-def optimizer_keys(o) -> list[tuple[str, object]]:
-    """The hyperparameter keys of the optimizer in use (`o`: trainer.config.OptimConfig), under mllog's
-    names where it has them. Only LAMB's are required, by the closed division's closed_bert.yaml (so a
-    closed run is LAMB: RunConfig.closed_division_problems); open_bert.yaml requires none, so an open
-    run logs its own optimizer's keys and never LAMB's, which would read as a LAMB run."""
-    (beta1, beta2), eps, wd = o.betas, o.epsilon, o.weight_decay
-    if o.name == "lamb":
-        return [(K.OPT_LAMB_WEIGHT_DECAY, wd), (K.OPT_LAMB_BETA_1, beta1), (K.OPT_LAMB_BETA_2, beta2),
-                (K.OPT_LAMB_LR_DECAY_POLY_POWER, 1.0), (K.OPT_LAMB_EPSILON, eps)]
-    if o.name == "adam":  # AdamW semantics: decoupled weight decay (trainer/optim.py)
-        return [(K.OPT_ADAMW_WEIGHT_DECAY, wd), (K.OPT_ADAMW_BETA_1, beta1), (K.OPT_ADAMW_BETA_2, beta2),
-                (K.OPT_ADAMW_EPSILON, eps)]
-    if o.name == "madgrad":  # betas[0] is its momentum; betas[1] is unused
-        return [(K.OPT_WEIGHT_DECAY, wd), ("opt_madgrad_momentum", beta1), ("opt_madgrad_epsilon", eps)]
-    return [(K.OPT_WEIGHT_DECAY, wd), (f"opt_{o.name}_beta_1", beta1), (f"opt_{o.name}_beta_2", beta2),
-            (f"opt_{o.name}_epsilon", eps)]
+def logged_run_stop(path: str | Path) -> str | None:
+    """The status of the run_stop a result log holds (its last whole line that is one), or None: a log
+    holding run_stop is a run that ended, whose result must never be appended to or rewound."""
+    status = None
+    try:
+        with open_regular(path, "rb") as f:
+            for raw in f:
+                if b'"run_stop"' in raw and raw.endswith(b"\n"):  # a line cut by a crash is no event
+                    status = _run_stop_status(raw) or status
+    except OSError:  # no log yet (or none readable): no run_stop
+        return None
+    return status
+
+
+def _run_stop_status(raw: bytes) -> str | None:
+    try:
+        event = json.loads(raw.decode("utf-8", errors="replace").partition(":::MLLOG")[2])
+    except ValueError:
+        return None
+    if not isinstance(event, dict) or event.get("key") != K.RUN_STOP or not isinstance(event.get("metadata"), dict):
+        return None
+    status = event["metadata"].get(K.STATUS)
+    return status if isinstance(status, str) else None
 
 
 def log_cache_clear(path: str | Path) -> None:

@@ -10,9 +10,9 @@
 - Adam (Samsung, open division): AdamW semantics (decoupled decay); torch's fused kernel on CUDA and
   the CPU, foreach elsewhere; apex's FusedAdam when asked for and importable.
 - MADGRAD and ACClip: the trial optimizers of Samsung's v1.1 `optim/` folder (open division only, as is
-  Adam: trainer/config/run.py::CLOSED_OPTIMIZERS).
+  Adam: trainer/config/closed_rules.py::CLOSED_OPTIMIZERS).
   MADGRAD comes from its authors' `madgrad` package; ACClip is written here from its paper (`ACClip`).
-- Clipping is never done inside an optimizer (trainer/gradients.py clips before the step), and every
+- Clipping is never done inside an optimizer (trainer/parallel/gradients.py clips before the step), and every
   optimizer reads `group["lr"]` at each step, which `set_learning_rate` writes before each update.
 - Schedules: `nvidia_lr` (warmup then linear decay measured from step 0, as the reference) and
   `samsung_lr` (decay measured from the end of warmup over lr_max_steps, clamped to end_lr).
@@ -22,13 +22,15 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
+from mlperf_logging.mllog import constants as K
 from torch import nn
 
-from trainer.apex_kernels import apex_missing
 from trainer.config import OptimConfig
+from trainer.model.apex_kernels import apex_missing
 
 NO_DECAY = ("bias", "gamma", "beta", "LayerNorm")
 
@@ -42,7 +44,7 @@ def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict]:
 
 
 class Lamb(torch.optim.Optimizer):
-    """LAMB with MLPerf's conventions (no clipping inside; see trainer/gradients.py for that)."""
+    """LAMB with MLPerf's conventions (no clipping inside; see trainer/parallel/gradients.py for that)."""
 
     def __init__(self, params, lr: float, betas=(0.9, 0.999), eps: float = 1e-6, weight_decay: float = 0.01):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
@@ -169,10 +171,30 @@ class ACClip(torch.optim.Optimizer):
 
 
 Builder = Callable[[list[dict], OptimConfig, str], torch.optim.Optimizer]
+# an optimizer's MLPerf hyperparameter events, (key, value) in log order: mllog's names where it has
+# them, `opt_<name>_*` otherwise, never LAMB's `opt_lamb_*` (the closed checker reads those as a LAMB run)
+MLPerfKeys = Callable[[OptimConfig], list[tuple[str, object]]]
+
+
+@dataclass(frozen=True)
+class OptimizerEntry:
+    """One optimizer: how to build it and what it logs. Both are required, so an optimizer cannot
+    exist without declaring its MLPerf keys (and never logs keys invented from its name)."""
+
+    build: Builder
+    mlperf_keys: MLPerfKeys
 
 
 def _lamb(groups: list[dict], cfg: OptimConfig, device_type: str) -> torch.optim.Optimizer:
     return Lamb(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.epsilon, weight_decay=cfg.weight_decay)
+
+
+def _lamb_keys(cfg: OptimConfig) -> list[tuple[str, object]]:
+    """Required by the closed division's closed_bert.yaml (so a closed run is LAMB:
+    RunConfig.closed_division_problems)."""
+    (beta1, beta2), eps, wd = cfg.betas, cfg.epsilon, cfg.weight_decay
+    return [(K.OPT_LAMB_WEIGHT_DECAY, wd), (K.OPT_LAMB_BETA_1, beta1), (K.OPT_LAMB_BETA_2, beta2),
+            (K.OPT_LAMB_LR_DECAY_POLY_POWER, 1.0), (K.OPT_LAMB_EPSILON, eps)]
 
 
 def _adamw(groups: list[dict], cfg: OptimConfig, device_type: str) -> torch.optim.Optimizer:
@@ -181,6 +203,13 @@ def _adamw(groups: list[dict], cfg: OptimConfig, device_type: str) -> torch.opti
     fused = device_type in ("cuda", "cpu")
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.epsilon, weight_decay=cfg.weight_decay,
                              fused=fused or None, foreach=None if fused else True)
+
+
+def _adamw_keys(cfg: OptimConfig) -> list[tuple[str, object]]:
+    """mllog's AdamW names (decoupled weight decay, as built above)."""
+    (beta1, beta2), eps, wd = cfg.betas, cfg.epsilon, cfg.weight_decay
+    return [(K.OPT_ADAMW_WEIGHT_DECAY, wd), (K.OPT_ADAMW_BETA_1, beta1), (K.OPT_ADAMW_BETA_2, beta2),
+            (K.OPT_ADAMW_EPSILON, eps)]
 
 
 def _madgrad(groups: list[dict], cfg: OptimConfig, device_type: str) -> torch.optim.Optimizer:
@@ -201,14 +230,26 @@ def _madgrad(groups: list[dict], cfg: OptimConfig, device_type: str) -> torch.op
     return MADGRAD(groups, lr=cfg.lr, momentum=cfg.betas[0], weight_decay=cfg.weight_decay, eps=cfg.epsilon)
 
 
+def _madgrad_keys(cfg: OptimConfig) -> list[tuple[str, object]]:
+    """betas[0] is its momentum; betas[1] is unused, so it is not logged."""
+    return [(K.OPT_WEIGHT_DECAY, cfg.weight_decay), ("opt_madgrad_momentum", cfg.betas[0]),
+            ("opt_madgrad_epsilon", cfg.epsilon)]
+
+
 def _acclip(groups: list[dict], cfg: OptimConfig, device_type: str) -> torch.optim.Optimizer:
     return ACClip(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.epsilon, weight_decay=cfg.weight_decay)
+
+
+def _acclip_keys(cfg: OptimConfig) -> list[tuple[str, object]]:
+    (beta1, beta2), eps, wd = cfg.betas, cfg.epsilon, cfg.weight_decay
+    return [(K.OPT_WEIGHT_DECAY, wd), ("opt_acclip_beta_1", beta1), ("opt_acclip_beta_2", beta2),
+            ("opt_acclip_epsilon", eps)]
 
 
 def _apex_lamb(groups: list[dict], cfg: OptimConfig) -> torch.optim.Optimizer:
     from apex.optimizers import FusedLAMB  # type: ignore
 
-    # No clipping inside LAMB: it happens before the allreduce (trainer/gradients.py). apex scales the
+    # No clipping inside LAMB: it happens before the allreduce (trainer/parallel/gradients.py). apex scales the
     # gradients by norm / max_grad_norm when the norm exceeds it: with 0 that divides them by
     # infinity (every update would be weight decay alone); with infinity the factor is always 1.
     return FusedLAMB(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.epsilon, weight_decay=cfg.weight_decay,
@@ -221,8 +262,14 @@ def _apex_adam(groups: list[dict], cfg: OptimConfig) -> torch.optim.Optimizer:
     return FusedAdam(groups, lr=cfg.lr, betas=cfg.betas, eps=cfg.epsilon, weight_decay=cfg.weight_decay, adam_w_mode=True)
 
 
-# optim.name -> builder. A new optimizer is one entry here and one in OptimConfig.name.
-BUILDERS: dict[str, Builder] = {"lamb": _lamb, "adam": _adamw, "madgrad": _madgrad, "acclip": _acclip}
+# optim.name -> its builder and its MLPerf keys. A new optimizer is one entry here and one in OptimConfig.name.
+OPTIMIZERS: dict[str, OptimizerEntry] = {
+    "lamb": OptimizerEntry(_lamb, _lamb_keys),
+    "adam": OptimizerEntry(_adamw, _adamw_keys),
+    "madgrad": OptimizerEntry(_madgrad, _madgrad_keys),
+    "acclip": OptimizerEntry(_acclip, _acclip_keys),
+}
+BUILDERS: dict[str, Builder] = {name: entry.build for name, entry in OPTIMIZERS.items()}
 # the names apex has a fused kernel for (runtime.kernels=apex); other names ignore that setting
 APEX_BUILDERS: dict[str, Callable[[list[dict], OptimConfig], torch.optim.Optimizer]] = {
     "lamb": _apex_lamb, "adam": _apex_adam,
@@ -236,6 +283,14 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig, use_apex: bool, device_t
     if use_apex and cfg.name in APEX_BUILDERS and apex_missing() is None:
         return APEX_BUILDERS[cfg.name](groups, cfg)
     return BUILDERS[cfg.name](groups, cfg, device_type)
+
+
+def mlperf_keys(cfg: OptimConfig) -> list[tuple[str, object]]:
+    """The MLPerf hyperparameter events of the optimizer in use (trainer/mlperf.py::RunLogger.hyperparameters
+    logs them): only those its entry in `OPTIMIZERS` declares."""
+    if cfg.name not in OPTIMIZERS:
+        raise ValueError(f"optim.name: no optimizer named {cfg.name!r}; expected one of {', '.join(OPTIMIZERS)}")
+    return OPTIMIZERS[cfg.name].mlperf_keys(cfg)
 
 
 def nvidia_lr(update: int, cfg: OptimConfig) -> float:

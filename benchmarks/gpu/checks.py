@@ -17,10 +17,13 @@ stages; tests/test_gpu_suite.py runs the CPU-runnable ones at tiny shapes.
 - apex: FusedLayerNorm and FusedLAMB against the PyTorch path (their updates, not just the
   weights), when apex and its CUDA extensions import;
 - throughput: BERT-large phase 2 (lengths from the Wikipedia histogram, at most 76 masked per
-  sequence), bf16, in this one process: Hugging Face padded to 512 (SDPA) against ours unpadded,
-  eager and with `runtime.compile`, and ours packed (48 rows of at most 3 sequences per step, the
-  H100 recipe's micro-batch, compiled); sequences/s, MFU (real-token training FLOPs over the GPU's dense
-  bf16 peak, named in the output) and peak memory.
+  sequence), bf16, in this one process, on the same packed batches (48 rows of at most 3 sequences per
+  step, the H100 recipe's micro-batch): Hugging Face padded to 512 (SDPA), ours reference (runtime.step
+  reference), and the fast step (trainer/loop/fast_step.py) added in turn: direct flash, + static compile,
+  + CUDA graph; sequences/s, MFU (real-token training FLOPs over the GPU's dense bf16 peak, named in the
+  output), peak memory, host and device milliseconds per step;
+- profile: torch.profiler over fast steps: the top ops by device time, the casts per step;
+- fp8: `torch._scaled_mm` against bf16 at the encoder's GEMM shapes, sizing what FP8 could save.
 """
 
 from __future__ import annotations
@@ -39,17 +42,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from trainer.apex_kernels import apex_missing
-from trainer.attention import AttentionUnavailable, flash_attn_installed, varlen_attention
-from trainer.balance import pack_sequences
+from trainer.balance.algorithms import pack_sequences
 from trainer.config import ModelConfig, OptimConfig
-from trainer.data.batch import collate
+from trainer.data.batch import Capacity, collate, fixed_shape
 from trainer.data.histogram import sample_lengths
 from trainer.data.layout import Sample
-from trainer.model import BertForPreTraining, flops_per_sequence, pretraining_loss_sums
+from trainer.loop.fast_step import CompiledForward, device_counts
+from trainer.loop.progress import peak_tflops, synchronize
+from trainer.model.apex_kernels import apex_missing
+from trainer.model.attention import AttentionUnavailable, flash_attn_installed, varlen_attention
+from trainer.model.bert import BertForPreTraining, flops_per_sequence, pretraining_loss_sums
+from trainer.model.weights import load_pretrained
 from trainer.optim import build_optimizer, take_step
-from trainer.progress import peak_tflops, synchronize
-from trainer.weights import load_pretrained
 
 from .children import run as run_child
 
@@ -85,13 +89,15 @@ class Skip(Exception):
 
 # ---- inputs ----------------------------------------------------------------------------------
 
-def make_samples(n: int, rng: np.random.Generator, vocab: int, max_len: int = 512, max_pred: int = 76) -> list[Sample]:
-    """Sequences with Wikipedia's length distribution, min(76, length - 2) masked each (the busiest case)."""
+def make_samples(n: int, rng: np.random.Generator, vocab: int, max_len: int = 512, max_pred: int = 76,
+                 masked_share: float | None = None) -> list[Sample]:
+    """Sequences with Wikipedia's length distribution, min(76, length - 2) masked each (the busiest case),
+    or with `masked_share` min(76, round(share x length)), as MLPerf's data (0.15)."""
     samples = []
     for length in sample_lengths(n, rng):
         length = int(min(max(length, 8), max_len))
         ids = rng.integers(1000 % vocab, vocab, length)
-        k = min(max_pred, length - 2)
+        k = min(max_pred, length - 2) if masked_share is None else min(max_pred, max(1, round(masked_share * length)))
         positions = np.sort(rng.choice(np.arange(1, length - 1), size=k, replace=False))
         samples.append(Sample(ids, (np.arange(length) >= length // 2).astype(np.int64), positions,
                               rng.integers(0, vocab, k), int(rng.integers(0, 2))))
@@ -279,8 +285,9 @@ def steady_state_syncs(device: torch.device, precision: str, steps: int = 5) -> 
     """Trainer.train_step, in this process, after the warm-up and 10 steps (lazy initialisation may
     sync; DDP times its first 10 iterations with CUDA events it waits on, waits the debug mode does
     not see), with CUDA's sync debug mode warning on every synchronising call: where each one came from.
-    bf16 / fp32 must make none, packed or not, eager or compiled (on CUDA); fp16 reads the device at least twice a step (its
-    overflow flag: the schedule must know whether the update happened). Syncs inside the backward
+    bf16 / fp32 must make none, packed (on CUDA the fast step) or not, eager, compiled or graphed (on CUDA);
+    fp16 reads the device at least twice a step (its overflow flag: the schedule must know whether the
+    update happened). Syncs inside the backward
     are reported at autograd's Python frame, not their source: the count is right, the place is
     autograd's."""
     import warnings
@@ -288,9 +295,9 @@ def steady_state_syncs(device: torch.device, precision: str, steps: int = 5) -> 
     from gloo import free_port
     from synthetic import tiny_run_config
 
-    from trainer import distributed
     from trainer.config import load_run_config
-    from trainer.train import RunArgs, Trainer
+    from trainer.loop.train import RunArgs, Trainer
+    from trainer.parallel import distributed
 
     runtime = {"device": device.type, "backend": "nccl" if device.type == "cuda" else "gloo", "unpad": True,
                "nccl_warmup_steps": 2}
@@ -299,6 +306,10 @@ def steady_state_syncs(device: torch.device, precision: str, steps: int = 5) -> 
                                            {"packing": True, "pack_sequences": 3, "pack_average": 2})}
     if device.type == "cuda":
         cases[f"bucket_{precision}_compiled"] = ({"clip": "bucket"}, {"precision": precision, "compile": True}, {})
+        # the packed cases run the fast step on CUDA (runtime.step auto); this one compiled and replayed as CUDA graphs
+        cases[f"local_{precision}_packed_graphed"] = ({"clip": "local"}, {"precision": precision, "compile": True,
+                                                                          "cuda_graph": precision == "bf16"},
+                                                      {"packing": True, "pack_sequences": 3, "pack_average": 2})
         cases["bucket_fp16"] = ({"clip": "bucket"}, {"precision": "fp16"}, {})
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     results = {}
@@ -335,7 +346,8 @@ def steady_state_syncs(device: torch.device, precision: str, steps: int = 5) -> 
         results[label] = {"syncs_per_step": round(len(syncs) / steps, 2), "where": where}
     if device.type != "cuda":
         return {"runs": results, "note": "no CUDA here: the steps ran, the syncs were not counted"}
-    for label in (f"bucket_{precision}", f"local_{precision}_packed", f"bucket_{precision}_compiled"):
+    for label in (f"bucket_{precision}", f"local_{precision}_packed", f"bucket_{precision}_compiled",
+                  f"local_{precision}_packed_graphed"):
         assert results[label]["syncs_per_step"] == 0, \
             f"{label}: {results[label]['syncs_per_step']} device->host copies per step at {results[label]['where']}"
     return {"runs": results}
@@ -375,68 +387,212 @@ def apex_paths(device: torch.device, cfg: ModelConfig, n: int) -> dict:
             "max_relative_update_diff": float(f"{update_error:.3g}")}
 
 
-@check("throughput: BERT-large phase 2, bf16, Hugging Face padded vs ours unpadded (eager, compiled) and packed")
-def throughput(device: torch.device, cfg: ModelConfig, n: int, steps: int, packs: int) -> dict:
-    """n sequences per step (Hugging Face padded, ours unpadded), and ours packed: `packs` rows of at
-    most 2 sequences and 512 tokens per step, best-fit packed (NVIDIA's H100 recipe: 48 per GPU)."""
+@check("throughput: BERT-large phase 2, bf16, the H100 recipe's packs: Hugging Face padded, ours reference, "
+       "the fast step added in turn (direct flash, static compile, CUDA graph)")
+def throughput(device: torch.device, cfg: ModelConfig, packs: int, steps: int, seq_len: int = 512, warmup: int = 3,
+               probes: int = 3, hf_micro: int = 32) -> dict:
+    """One run, one device, the same packed batches (`packs` rows of at most 3 sequences and 512 tokens
+    per step, NVIDIA's H100 recipe: 48; `seq_len` tokens a row), trained by
+    - hugging_face_padded_sdpa: Hugging Face's BertForPreTraining on the step's sequences padded to 512,
+      in micro-batches of `hf_micro` sequences (its memory at 96 x 512 would not compare);
+    - ours_reference: runtime.step reference (the unpadded stream, attention auto: NestedTensor on CUDA), eager;
+    - fast_direct_flash: runtime.step fast (fixed shapes, the packed attention operator, fused QKV), eager;
+    - fast_static_compile: + the whole model torch.compile'd with static shapes;
+    - fast_cuda_graph: + its forward and backward replayed as CUDA graphs (mode reduce-overhead; CUDA only).
+    Each: sequences/s and MFU over the timed steps, peak memory, and from probe steps run one at a time
+    (the device idle before each) the host's time to issue a step (cpu_ms) and the device's time to run it
+    (gpu_ms, CUDA events). The optimizer (torch's fused AdamW) runs eagerly after each step in every variant."""
     rng = np.random.default_rng(6)
-    batches = [make_samples(n, rng, cfg.vocab_size) for _ in range(steps + 3)]  # 3 warm-up steps
-    mean_len = float(np.mean([len(s.input_ids) for b in batches for s in b]))
-    masked = float(np.mean([len(s.masked_lm_positions) for b in batches for s in b]))
+    batches = packed_batches(rng, cfg.vocab_size, packs, warmup + steps + probes, seq_len)
+    timed_batches = batches[warmup:warmup + steps]
+    timed = [s for b in timed_batches for s in b]
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
     peak = peak_tflops(name) if device.type == "cuda" else None
-    figures = {"batch": n, "packs": packs, "mean_length": round(mean_len, 1), "masked_per_sequence": round(masked, 1),
-               "peak_tflops_bf16_dense": peak, "gpu": name}
+    # per sequence, then averaged: attention's FLOPs grow with each length squared
+    flops = float(np.mean([flops_per_sequence(cfg, len(s.input_ids), len(s.masked_lm_positions)) for s in timed]))
+    figures = {"packs": packs, "steps": steps, "sequences_per_step": round(len(timed) / steps, 1),
+               "mean_length": round(float(np.mean([len(s.input_ids) for s in timed])), 1),
+               "masked_per_sequence": round(float(np.mean([len(s.masked_lm_positions) for s in timed])), 1),
+               "peak_tflops_bf16_dense": peak, "gpu": name, "compile_backend": compile_backend(device)}
+    cap = Capacity.of_packs(packs, seq_len, 3, 76)
 
-    def measure(label: str, model, step, batches=batches) -> None:
+    def measure(label: str, model, step) -> None:
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
         if device.type == "cuda":
             torch.cuda.empty_cache()  # the blocks the previous model left cached would count as reserved
             torch.cuda.reset_peak_memory_stats(device)
-        for i, samples in enumerate(batches):
-            if i == 3:
-                synchronize(device)
-                started = time.perf_counter()
+
+        def train(samples):
             with torch.autocast(device.type, dtype=torch.bfloat16):
-                loss = step(model, samples)
-            loss.backward()
+                step(model, samples)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+
+        for samples in batches[:warmup]:
+            train(samples)
         synchronize(device)
-        timed = [s for b in batches[3:] for s in b]
+        started = time.perf_counter()
+        for samples in timed_batches:
+            train(samples)
+        synchronize(device)
         seq_per_s = len(timed) / (time.perf_counter() - started)
-        # per sequence, then averaged: attention's FLOPs grow with each length squared
-        flops = np.mean([flops_per_sequence(cfg, len(s.input_ids), len(s.masked_lm_positions)) for s in timed])
-        figures[label] = {"seq_per_s": round(seq_per_s, 1), "sequences_per_step": round(len(timed) / steps, 1),
-                          "mfu": round(seq_per_s * flops / (peak * 1e12), 4) if peak else None, **peak_memory(device)}
+        cpu_ms, gpu_ms = probe_steps(device, train, batches[warmup + steps:])
+        figures[label] = {"seq_per_s": round(seq_per_s, 1), "mfu": round(seq_per_s * flops / (peak * 1e12), 4) if peak else None,
+                          "cpu_ms_per_step": cpu_ms, "gpu_ms_per_step": gpu_ms, **peak_memory(device)}
         print(f"  {label}: {figures[label]}", flush=True)
 
     def hf_step(model, samples):
-        return model(**hf_inputs(samples, device, cfg.max_position_embeddings)).loss
+        for i in range(0, len(samples), hf_micro):  # the step's mean loss, accumulated over micro-batches
+            chunk = samples[i:i + hf_micro]
+            (model(**hf_inputs(chunk, device, seq_len)).loss * (len(chunk) / len(samples))).backward()
 
-    def ours_step(model, samples):
+    def reference_step(model, samples):
         batch = collate(samples, unpadded=True).to(device)
         mlm_sum, nsp_sum = model(batch, loss_sums=True)
-        return mlm_sum / batch.num_masked + nsp_sum / batch.num_sequences
+        (mlm_sum / batch.num_masked + nsp_sum / batch.num_sequences).backward()
+
+    def fast_step_with(forward):
+        def step(model, samples):
+            batch = fixed_shape(collate(samples, unpadded=True), cap).to(device)
+            masked, sequences = device_counts([batch])
+            mlm_sum, nsp_sum = forward(batch)
+            (mlm_sum / masked + nsp_sum / sequences).backward()
+        return step
 
     torch.manual_seed(0)
     measure("hugging_face_padded_sdpa", hf_model(cfg, "sdpa").to(device).train(), hf_step)
-    torch.cuda.empty_cache() if device.type == "cuda" else None
-    measure("ours_unpadded", BertForPreTraining(cfg).to(device).train(), ours_step)
-    compiled = BertForPreTraining(cfg, compile=True).to(device).train()
-    measure("ours_unpadded_compiled", compiled, ours_step)
-    figures["compile_failed"] = compiled.bert.encoder.layer[0].intermediate.pointwise.failed  # then it ran eager
-    measure("ours_packed_compiled", compiled, ours_step, packed_batches(rng, cfg.vocab_size, packs, steps + 3))
+    model = BertForPreTraining(cfg).to(device).train()
+    measure("ours_reference", model, reference_step)
+    measure("fast_direct_flash", model, fast_step_with(lambda batch: model(batch, loss_sums=True)))
+    compiled = CompiledForward(model, backend=compile_backend(device))
+    measure("fast_static_compile", model, fast_step_with(compiled))
+    figures["compile_failed"] = compiled.failed  # then that variant ran eager
+    if device.type == "cuda":
+        graphed = CompiledForward(model, cuda_graph=True, backend=compile_backend(device))
+        measure("fast_cuda_graph", model, fast_step_with(graphed))
+        figures["cuda_graph_compile_failed"] = graphed.failed
+    else:
+        figures["fast_cuda_graph"] = {"skipped": "CUDA graphs need a CUDA device"}
     hf = figures["hugging_face_padded_sdpa"]["seq_per_s"]
-    figures["speedup_vs_hf"] = {k: round(figures[k]["seq_per_s"] / hf, 2)
-                                for k in ("ours_unpadded", "ours_unpadded_compiled", "ours_packed_compiled")}
+    figures["speedup_vs_hf"] = {k: round(figures[k]["seq_per_s"] / hf, 2) for k in VARIANTS if "seq_per_s" in figures[k]}
     return figures
 
 
-def packed_batches(rng: np.random.Generator, vocab: int, packs: int, steps: int) -> list[list[Sample]]:
-    """`steps` batches of `packs` packs (at most 3 sequences, 512 tokens each, as the H100 recipe's), in pack order."""
-    pool = make_samples(2 * packs * steps, rng, vocab)
-    rows = pack_sequences(np.array([len(s.input_ids) for s in pool]), 512, 3)
+VARIANTS = ("ours_reference", "fast_direct_flash", "fast_static_compile", "fast_cuda_graph")
+
+
+def compile_backend(device: torch.device) -> str:
+    """inductor on CUDA (the fused kernels measured); aot_eager on the CPU, where the rehearsal checks the
+    compiled path's plumbing, not its speed, and inductor's C++ toolchain may be missing."""
+    return "inductor" if device.type == "cuda" else "aot_eager"
+
+
+def probe_steps(device: torch.device, train, batches) -> tuple[float, float | None]:
+    """Median host milliseconds to issue one step, and device milliseconds to run it (None off CUDA),
+    each step started on an idle device."""
+    cpu, gpu = [], []
+    for samples in batches:
+        synchronize(device)
+        if device.type == "cuda":
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+        started = time.perf_counter()
+        train(samples)
+        cpu.append(1e3 * (time.perf_counter() - started))
+        if device.type == "cuda":
+            end.record()
+            end.synchronize()
+            gpu.append(begin.elapsed_time(end))
+    return round(float(np.median(cpu)), 1), round(float(np.median(gpu)), 1) if gpu else None
+
+
+@check("profile: the fast step's top kernels and its casts (torch.profiler, fast_direct_flash, bf16)")
+def profile(device: torch.device, cfg: ModelConfig, packs: int, seq_len: int = 512, steps: int = 2, top: int = 15) -> dict:
+    """`steps` fast steps after 2 warm-up ones, eager (compiled kernels would hide which op cost what):
+    the `top` ops by device time (by host time off CUDA), the casts (aten::_to_copy) per step, and the
+    host's and the device's total per step."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    rng = np.random.default_rng(7)
+    batches = packed_batches(rng, cfg.vocab_size, packs, steps + 2, seq_len)
+    cap = Capacity.of_packs(packs, seq_len, 3, 76)
+    model = BertForPreTraining(cfg).to(device).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
+
+    def train(samples):
+        batch = fixed_shape(collate(samples, unpadded=True), cap).to(device)
+        masked, sequences = device_counts([batch])
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            mlm_sum, nsp_sum = model(batch, loss_sums=True)
+        (mlm_sum / masked + nsp_sum / sequences).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    for samples in batches[:2]:
+        train(samples)
+    synchronize(device)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with torch_profile(activities=activities) as prof:
+        for samples in batches[2:]:
+            train(samples)
+        synchronize(device)
+    events = prof.key_averages()
+    on_device = device.type == "cuda"
+    time_of = (lambda e: e.self_device_time_total) if on_device else (lambda e: e.self_cpu_time_total)
+    ranked = sorted(events, key=time_of, reverse=True)[:top]
+    casts = sum(e.count for e in events if e.key == "aten::_to_copy")
+    return {"steps": steps, "packs": packs, "ranked_by": "self device time" if on_device else "self host time",
+            "top": [{"name": e.key[:80], "ms_per_step": round(time_of(e) / 1e3 / steps, 2), "calls_per_step": e.count // steps}
+                    for e in ranked],
+            "casts_per_step": casts // steps,
+            "host_ms_per_step": round(sum(e.self_cpu_time_total for e in events) / 1e3 / steps, 1),
+            "device_ms_per_step": round(sum(e.self_device_time_total for e in events) / 1e3 / steps, 1) if on_device else None}
+
+
+@check("fp8: torch._scaled_mm against bf16 torch.mm at BERT-large's encoder GEMMs (headroom past bf16)")
+def fp8_gemms(device: torch.device, tokens: int = 48 * 512, repeats: int = 20) -> dict:
+    """The four encoder GEMMs' forward shapes at `tokens` tokens (QKV, attention output, FC1, FC2), bf16
+    against FP8 e4m3 with per-tensor scales and a bf16 output; TFLOP/s each, and what the step would
+    save if every encoder GEMM (forward and both backward GEMMs, 24 layers) ran at the FP8 rate."""
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):
+        raise Skip("FP8 GEMMs need a CUDA GPU of compute capability 8.9 or later (Ada, Hopper)")
+    shapes = {"qkv": (tokens, 1024, 3072), "attention_output": (tokens, 1024, 1024), "fc1": (tokens, 1024, 4096),
+              "fc2": (tokens, 4096, 1024)}
+    one = torch.ones((), device=device)
+    figures, saved_ms = {}, 0.0
+    for label, (m, k, n) in shapes.items():
+        a = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+        b = torch.randn(n, k, device=device, dtype=torch.bfloat16)
+        a8, b8 = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn)
+        bf16_ms = time_cuda(lambda a=a, b=b: torch.mm(a, b.t()), repeats)
+        fp8_ms = time_cuda(lambda a8=a8, b8=b8: torch._scaled_mm(a8, b8.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16),
+                           repeats)
+        tflop = 2 * m * k * n / 1e12
+        figures[label] = {"bf16_tflops": round(tflop / bf16_ms * 1e3, 1), "fp8_tflops": round(tflop / fp8_ms * 1e3, 1)}
+        saved_ms += 3 * 24 * (bf16_ms - fp8_ms)
+    return {"tokens": tokens, **figures, "encoder_gemm_ms_saved_per_step_if_all_fp8": round(saved_ms, 1),
+            "note": "per-tensor scales of 1 (no amax pass): an upper bound on the saving"}
+
+
+def time_cuda(fn, repeats: int) -> float:
+    """Milliseconds per call of fn on the device, after 3 warm-up calls."""
+    for _ in range(3):
+        fn()
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    for _ in range(repeats):
+        fn()
+    end.record()
+    end.synchronize()
+    return begin.elapsed_time(end) / repeats
+
+
+def packed_batches(rng: np.random.Generator, vocab: int, packs: int, steps: int, seq_len: int = 512) -> list[list[Sample]]:
+    """`steps` batches of `packs` packs (at most 3 sequences, `seq_len` tokens each: the H100 recipe's 512), in pack order;
+    15 % of each sequence masked, as in MLPerf's data (a pack's masked positions then fit the fast step's bound)."""
+    pool = make_samples(2 * packs * steps, rng, vocab, max_len=seq_len, masked_share=0.15)
+    rows = pack_sequences(np.array([len(s.input_ids) for s in pool]), seq_len, 3)
     return [[pool[i] for row in rows[k * packs:(k + 1) * packs] for i in row] for k in range(steps)]
 
 

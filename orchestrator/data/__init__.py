@@ -9,6 +9,9 @@ plane never imports torch:
   on Slurm    one job array per stage, each depending on the previous one (`slurm_arrays`).
 
 Both run the same tasks, which write the same files.
+
+May import: orchestrator, orchestrator.config, orchestrator.rendering, orchestrator.jobs, trainer.config,
+trainer.data
 """
 
 from __future__ import annotations
@@ -48,7 +51,7 @@ def prepare(loaded: LoadedManifest, cluster: str | None = None, workers: int | N
     check_inputs(loaded)
     slurm = None
     if cluster is not None:
-        from orchestrator.clusters import load_cluster
+        from orchestrator.config.clusters import load_cluster
 
         slurm = load_cluster(cluster, list(cluster_overrides))  # a bad key or value: one line before any work
         if slurm.config.executor != "slurm":

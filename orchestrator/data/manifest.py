@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchestrator import __version__, configfile
+from orchestrator import __version__
+from orchestrator.config import configfile
 from orchestrator.errors import UserError
 from trainer.config import DatasetManifest
 

@@ -15,16 +15,17 @@ import shutil
 import time
 from pathlib import Path
 
-from orchestrator import __version__, resources, scheduler
+from orchestrator import __version__, resources
 from orchestrator.data import workers
 from orchestrator.data.local import Prepared
 from orchestrator.data.manifest import LoadedManifest, write_manifest
 from orchestrator.errors import UserError, WorkFailed
-from orchestrator.executors import SlurmScriptExecutor, SubmissionRefused
+from orchestrator.jobs import scheduler
+from orchestrator.jobs.executors import SlurmScriptExecutor, SubmissionRefused
 
 
 def prepare_on_slurm(loaded: LoadedManifest, cluster, force: bool, wait: bool, say) -> Prepared:
-    from orchestrator.submit import require_slurm
+    from orchestrator.jobs.submit import require_slurm
 
     require_slurm()
     job_dir = new_job_dir(loaded.config.name)
@@ -71,7 +72,7 @@ def array_groups(total: int, max_array_tasks: int) -> tuple[int, int]:
 def render_stage(loaded: LoadedManifest, cluster, stage: str, tasks: int, stages: list[str], position: int,
                  after: str | None) -> str:
     """The sbatch script of one stage: a pure function of its arguments."""
-    from orchestrator.render import render_template
+    from orchestrator.rendering.render import container_mounts, node_environment, render_template
 
     c = cluster.config
     array_size, group_size = array_groups(tasks, loaded.config.prepare.array_tasks)
@@ -80,7 +81,7 @@ def render_stage(loaded: LoadedManifest, cluster, stage: str, tasks: int, stages
         dataset=loaded.config.name, stage=stage, stages=stages, position=position, tasks=tasks,
         array_size=array_size, group_size=group_size, after=after, c=c,
         sbatch_options=data_sbatch_options(c, loaded.config.name, stage, array_size, after),
-        env=sorted(c.node.env.items()), mounts=",".join(f"{m.host}:{m.container}" for m in c.container.mounts),
+        env=node_environment(c), mounts=container_mounts(c),
         submit_command=shlex.join(["bertctl", "data", "prepare", "--dataset", loaded.config.name, "--cluster", c.name,
                                    *[w for o in (*loaded.overrides, *cluster.overrides) for w in ("-o", o)]]),
     )
@@ -89,7 +90,7 @@ def render_stage(loaded: LoadedManifest, cluster, stage: str, tasks: int, stages
 def data_sbatch_options(c, dataset: str, stage: str, array_size: int, after: str | None) -> list[str]:
     """One CPU task per array element, the cluster's partition, account, time limit and extra flags
     (no GPUs, not exclusive)."""
-    from orchestrator.render import sbatch_lines, where_and_how_long
+    from orchestrator.rendering.render import sbatch_lines, where_and_how_long
 
     s = c.slurm
     return sbatch_lines([
@@ -109,7 +110,7 @@ def data_sbatch_options(c, dataset: str, stage: str, array_size: int, after: str
 def submit_stage(path: Path, job_dir: Path, container: str) -> str:
     """Submit the stage's script through the same submitit executor as a training job (its batch
     file: the script at `path`). Without a container the job runs the Python that submitted it."""
-    from orchestrator.submit import job_environment
+    from orchestrator.jobs.submit import job_environment
 
     executor = SlurmScriptExecutor(job_dir, path.read_text(), job_environment(container))
     try:

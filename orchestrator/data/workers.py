@@ -1,5 +1,5 @@
 """Talking to the trainer-side data workers (`python -m trainer.data.prepare`, `python -m
-trainer.convert_checkpoint`), which do the work so that the control plane never imports torch.
+trainer.checkpoints.convert`), which do the work so that the control plane never imports torch.
 
 A worker that fails writes its error as a JSON record to the file named in $BERTCTL_ERROR_FILE
 (`exit_code`, `file`, `message`); exit code 2 is bad input (a UserError here, exit 2), any other a
@@ -77,4 +77,4 @@ def verify(manifest_file: Path, as_json: bool, stats_files: int | None) -> tuple
 
 def convert_checkpoint(tf_checkpoint: str, bert_config: str, output: Path) -> None:
     args = ["--tf-checkpoint", tf_checkpoint, "--bert-config", bert_config, "--output", str(output)]
-    run_worker(args, "convert-checkpoint", module=["-m", "trainer.convert_checkpoint"])
+    run_worker(args, "convert-checkpoint", module=["-m", "trainer.checkpoints.convert"])

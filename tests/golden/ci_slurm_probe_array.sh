@@ -33,7 +33,7 @@ export OMP_NUM_THREADS=1
 mkdir -p "$EXP_DIR/results" "$EXP_DIR/logs" "$EXP_DIR/runs"
 
 # ---- the resolved run configuration every rank reads: the whole recipe
-cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_48f86fb8ec99c26c'
+cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_{digest}'
 world_size: 4
 model:
   num_layers: 2
@@ -41,40 +41,19 @@ model:
   num_heads: 2
   intermediate_size: 512
   vocab_size: 8192
-  max_position_embeddings: 512
-  type_vocab_size: 2
   hidden_dropout: 0.0
   attention_dropout: 0.0
-  layer_norm_eps: 1.0e-12
-  initializer_range: 0.02
 data:
   train_dir: $BERTCTL_HOME/datasets/sample/train
   eval_dir: $BERTCTL_HOME/datasets/sample/eval
-  max_seq_length: 512
-  max_predictions_per_seq: 76
   num_workers: 0
   eval_samples: 500
-  streams: null
 optim:
-  name: lamb
   lr: 0.01
-  betas:
-  - 0.9
-  - 0.999
-  epsilon: 1.0e-06
-  weight_decay: 0.01
-  schedule: nvidia
-  warmup_steps: 0
-  warmup_proportion: 0.0
-  start_warmup_step: 0
   max_steps: 500
-  lr_max_steps: null
-  end_lr: 0.0
   clip: bucket
-  max_grad_norm: 1.0
 train:
   batch_size: 4
-  gradient_accumulation_steps: 1
   global_batch_size: 16
   eval_batch_size: 100
   max_samples_termination: 8000
@@ -82,43 +61,19 @@ train:
   eval_every_samples: 800
   eval_start_samples: 800
   init_checkpoint: $BERTCTL_HOME/datasets/sample/phase1_checkpoint/model.pt
-  seed: 0
-  log_every_steps: 10
 balance:
   stratified: true
-  bin_quotas: null
   exchange_padding: group
   group_size: 2
-  snake: true
-  packing: false
-  pack_window: 16384
-  pack_sequences: null
-  pack_average: null
 runtime:
-  device: cpu
-  backend: gloo
-  precision: fp32
-  kernels: torch
   unpad: true
-  attention: auto
-  compile: false
-  dense_seq_output: true
   nccl_warmup_steps: 2
-  init_loss_scale: 1048576.0
   num_threads: 1
-checkpoint:
-  dir: null
-  keep: 3
-  every_steps: 0
-  final_model: null
 mlperf:
-  org: bertctl
   division: open
   status: research
   platform: 2xCPU
-  ruleset: 5.0.0
-  legacy_keys: true
-BERTCTL_RUN_YAML_48f86fb8ec99c26c
+BERTCTL_RUN_YAML_{digest}
 
 # Drop the page cache (root, or passwordless sudo for sysctl), as the MLPerf rules ask before each run.
 DROP_CACHES='sync && if [ "$(id -u)" -eq 0 ]; then /sbin/sysctl -q vm.drop_caches=3; else sudo -n /sbin/sysctl -q vm.drop_caches=3; fi'
@@ -159,6 +114,10 @@ requeue_run() {
 # skipped; a run that saved a checkpoint on SIGUSR2/SIGTERM (exit 75) is requeued where the
 # scheduler can, else marked interrupted for `bertctl resume`. (Called as `run_one || ...`, where bash
 # ignores set -e: every step checks its own status.)
+# The ranks' output into the run's log. tee ignores SIGTERM: a TERM to the whole job (`bertctl cancel`,
+# scancel) reaches the ranks, which checkpoint and say so as they stop; a tee it killed would cut their
+# output, and them, on SIGPIPE, mid-checkpoint.
+keep_log() { trap '' TERM; exec tee -a "$1"; }
 run_one() {
   local i=$1 seed=${SEEDS[$1]}
   local result="$EXP_DIR/results/result_$i.txt" log="$EXP_DIR/logs/run_$i.log"
@@ -175,7 +134,8 @@ run_one() {
     touch "$EXP_DIR/runs/$i.started"
   fi
   set +e
-  launch_ranks "$i" "$seed" 2>&1 | tee -a "$log"
+  # (the launching subshell outlives a SIGTERM too, to hand on the ranks' own exit status)
+  { trap ':' TERM; launch_ranks "$i" "$seed"; } 2>&1 | keep_log "$log"
   local rc=${PIPESTATUS[0]}
   set -e
   if [ "$rc" -eq 75 ]; then

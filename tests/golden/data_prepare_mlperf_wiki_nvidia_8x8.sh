@@ -20,6 +20,7 @@ JOB_DIR=$PWD      # bertctl submits with --chdir=<job folder>
 export BERTCTL_HOME=${BERTCTL_HOME:-$HOME/.bertctl}
 # one thread per task: the parallelism is the array
 export TOKENIZERS_PARALLELISM=false OMP_NUM_THREADS=1
+# ---- node environment (exported to every task)
 export NCCL_TOPO_FILE=/workspace/bert/dgxa100_nic_affinity.xml
 # a failing task leaves its error here as JSON, for `bertctl data prepare --wait` to report
 export BERTCTL_ERROR_FILE="$JOB_DIR/errors/combine_${SLURM_ARRAY_TASK_ID}.json"

@@ -14,6 +14,10 @@ export PYTHON=${BERTCTL_PYTHON:-python3}
 export BERTCTL_HOME=${BERTCTL_HOME:-$HOME/.bertctl}
 # the job's own exit status, for `bertctl status` (there is no scheduler to ask)
 trap 'echo $? > "$EXP_DIR/job.exit"' EXIT
+# SIGTERM to the job (`bertctl cancel`, a kill of its process group): the ranks checkpoint and stop, so the
+# run is interrupted and `bertctl resume` continues it; this shell outlives them to record that, then stops
+STOPPING=0
+trap 'STOPPING=1' TERM
 
 # ---- node environment (exported to every rank)
 # (none configured)
@@ -21,48 +25,25 @@ trap 'echo $? > "$EXP_DIR/job.exit"' EXIT
 mkdir -p "$EXP_DIR/results" "$EXP_DIR/logs" "$EXP_DIR/runs"
 
 # ---- the resolved run configuration every rank reads: the whole recipe
-cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_8b30e97622348a05'
-world_size: 1
+cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_{digest}'
 model:
   num_layers: 2
   hidden_size: 128
   num_heads: 2
   intermediate_size: 512
   vocab_size: 8192
-  max_position_embeddings: 512
-  type_vocab_size: 2
   hidden_dropout: 0.0
   attention_dropout: 0.0
-  layer_norm_eps: 1.0e-12
-  initializer_range: 0.02
 data:
   train_dir: $BERTCTL_HOME/datasets/sample/train
   eval_dir: $BERTCTL_HOME/datasets/sample/eval
-  max_seq_length: 512
-  max_predictions_per_seq: 76
   num_workers: 1
   eval_samples: 500
-  streams: null
 optim:
-  name: lamb
   lr: 0.01
-  betas:
-  - 0.9
-  - 0.999
-  epsilon: 1.0e-06
-  weight_decay: 0.01
-  schedule: nvidia
-  warmup_steps: 0
-  warmup_proportion: 0.0
-  start_warmup_step: 0
   max_steps: 500
-  lr_max_steps: null
-  end_lr: 0.0
-  clip: local
-  max_grad_norm: 1.0
 train:
   batch_size: 16
-  gradient_accumulation_steps: 1
   global_batch_size: 16
   eval_batch_size: 100
   max_samples_termination: 8000
@@ -70,43 +51,16 @@ train:
   eval_every_samples: 800
   eval_start_samples: 800
   init_checkpoint: $BERTCTL_HOME/datasets/sample/phase1_checkpoint/model.pt
-  seed: 0
-  log_every_steps: 10
 balance:
   stratified: true
-  bin_quotas: null
-  exchange_padding: none
-  group_size: 8
-  snake: true
-  packing: false
-  pack_window: 16384
-  pack_sequences: null
-  pack_average: null
 runtime:
-  device: cpu
-  backend: gloo
-  precision: fp32
-  kernels: torch
   unpad: true
-  attention: auto
-  compile: false
-  dense_seq_output: true
-  nccl_warmup_steps: 0
-  init_loss_scale: 1048576.0
   num_threads: 2
-checkpoint:
-  dir: null
-  keep: 3
-  every_steps: 0
-  final_model: null
 mlperf:
-  org: bertctl
   division: open
   status: research
   platform: 1xCPU
-  ruleset: 5.0.0
-  legacy_keys: true
-BERTCTL_RUN_YAML_8b30e97622348a05
+BERTCTL_RUN_YAML_{digest}
 
 
 # A preparatory step: its output goes to logs/NAME.log, its exit code to runs/NAME.exit.
@@ -122,20 +76,15 @@ step() {
 }
 
 # ---- phase 1, trained once per machine: it writes the checkpoint the runs start from
-cat > "$EXP_DIR/phase1.yaml" <<'BERTCTL_PHASE1_YAML_583f17ad619886d4'
-world_size: 1
+cat > "$EXP_DIR/phase1.yaml" <<'BERTCTL_PHASE1_YAML_{digest}'
 model:
   num_layers: 2
   hidden_size: 128
   num_heads: 2
   intermediate_size: 512
   vocab_size: 8192
-  max_position_embeddings: 512
-  type_vocab_size: 2
   hidden_dropout: 0.0
   attention_dropout: 0.0
-  layer_norm_eps: 1.0e-12
-  initializer_range: 0.02
 data:
   train_dir: $BERTCTL_HOME/datasets/sample/train_128
   eval_dir: $BERTCTL_HOME/datasets/sample/eval
@@ -143,71 +92,27 @@ data:
   max_predictions_per_seq: 20
   num_workers: 1
   eval_samples: 1000
-  streams: null
 optim:
-  name: lamb
   lr: 0.01
-  betas:
-  - 0.9
-  - 0.999
-  epsilon: 1.0e-06
-  weight_decay: 0.01
-  schedule: nvidia
   warmup_steps: 20
-  warmup_proportion: 0.0
-  start_warmup_step: 0
   max_steps: 200
-  lr_max_steps: null
-  end_lr: 0.0
-  clip: local
-  max_grad_norm: 1.0
 train:
   batch_size: 32
-  gradient_accumulation_steps: 1
   global_batch_size: 32
   eval_batch_size: 100
   max_samples_termination: 6400
   target_accuracy: 0.99
   eval_every_samples: 6400
-  eval_start_samples: null
-  init_checkpoint: null
-  seed: 0
   log_every_steps: 100
-balance:
-  stratified: false
-  bin_quotas: null
-  exchange_padding: none
-  group_size: 8
-  snake: true
-  packing: false
-  pack_window: 16384
-  pack_sequences: null
-  pack_average: null
 runtime:
-  device: cpu
-  backend: gloo
-  precision: fp32
-  kernels: torch
-  unpad: false
-  attention: auto
-  compile: false
-  dense_seq_output: true
-  nccl_warmup_steps: 0
-  init_loss_scale: 1048576.0
   num_threads: 2
 checkpoint:
-  dir: null
-  keep: 3
-  every_steps: 0
   final_model: $BERTCTL_HOME/datasets/sample/phase1_checkpoint/model.pt
 mlperf:
-  org: bertctl
   division: open
   status: research
   platform: 1xCPU
-  ruleset: 5.0.0
-  legacy_keys: true
-BERTCTL_PHASE1_YAML_583f17ad619886d4
+BERTCTL_PHASE1_YAML_{digest}
 
 # ---- prerequisites, built once per machine (each step returns at once when its result exists)
 step prepare "$PYTHON" -m orchestrator data prepare --dataset sample
@@ -227,6 +132,10 @@ requeue_run() { return 1; }  # no scheduler to hand it back to: `bertctl resume`
 # skipped; a run that saved a checkpoint on SIGUSR2/SIGTERM (exit 75) is requeued where the
 # scheduler can, else marked interrupted for `bertctl resume`. (Called as `run_one || ...`, where bash
 # ignores set -e: every step checks its own status.)
+# The ranks' output into the run's log. tee ignores SIGTERM: a TERM to the whole job (`bertctl cancel`,
+# scancel) reaches the ranks, which checkpoint and say so as they stop; a tee it killed would cut their
+# output, and them, on SIGPIPE, mid-checkpoint.
+keep_log() { trap '' TERM; exec tee -a "$1"; }
 run_one() {
   local i=$1 seed=${SEEDS[$1]}
   local result="$EXP_DIR/results/result_$i.txt" log="$EXP_DIR/logs/run_$i.log"
@@ -241,7 +150,8 @@ run_one() {
     touch "$EXP_DIR/runs/$i.started"
   fi
   set +e
-  launch_ranks "$i" "$seed" 2>&1 | tee -a "$log"
+  # (the launching subshell outlives a SIGTERM too, to hand on the ranks' own exit status)
+  { trap ':' TERM; launch_ranks "$i" "$seed"; } 2>&1 | keep_log "$log"
   local rc=${PIPESTATUS[0]}
   set -e
   if [ "$rc" -eq 75 ]; then
@@ -262,6 +172,7 @@ for ((i = 0; i < NEXP; i++)); do
   rc=0
   run_one "$i" || rc=$?
   [ "$rc" -eq 75 ] && { echo "run $i interrupted: stopping here"; exit 75; }
+  [ "${STOPPING:-0}" -eq 1 ] && { echo "SIGTERM: stopping after run $i"; exit 143; }
   [ "$rc" -eq 0 ] || failed=$((failed + 1))
 done
 echo "$((NEXP - failed)) of $NEXP run(s) succeeded"

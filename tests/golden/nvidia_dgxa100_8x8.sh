@@ -34,92 +34,39 @@ export NCCL_TOPO_FILE=/workspace/bert/dgxa100_nic_affinity.xml
 mkdir -p "$EXP_DIR/results" "$EXP_DIR/logs" "$EXP_DIR/runs"
 
 # ---- the resolved run configuration every rank reads: the whole recipe
-cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_653e9a4dfff094ef'
+cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_{digest}'
 world_size: 64
-model:
-  num_layers: 24
-  hidden_size: 1024
-  num_heads: 16
-  intermediate_size: 4096
-  vocab_size: 30522
-  max_position_embeddings: 512
-  type_vocab_size: 2
-  hidden_dropout: 0.1
-  attention_dropout: 0.1
-  layer_norm_eps: 1.0e-12
-  initializer_range: 0.02
 data:
   train_dir: /workspace/data_phase2
   eval_dir: /workspace/evaldata
-  max_seq_length: 512
-  max_predictions_per_seq: 76
   num_workers: 4
-  eval_samples: 10000
-  streams: null
 optim:
-  name: lamb
   lr: 0.0015
   betas:
   - 0.83
   - 0.925
-  epsilon: 1.0e-06
-  weight_decay: 0.01
-  schedule: nvidia
   warmup_steps: 100
-  warmup_proportion: 0.0
   start_warmup_step: -25
   max_steps: 1271
-  lr_max_steps: null
-  end_lr: 0.0
-  clip: local
-  max_grad_norm: 1.0
 train:
   batch_size: 48
-  gradient_accumulation_steps: 1
   global_batch_size: 3072
-  eval_batch_size: 16
   max_samples_termination: 4500000
-  target_accuracy: 0.72
   eval_every_samples: 175000
   eval_start_samples: 175000
   init_checkpoint: /workspace/phase1/model.ckpt-28252.pt
-  seed: 0
-  log_every_steps: 10
 balance:
-  stratified: false
-  bin_quotas: null
   exchange_padding: global
-  group_size: 8
-  snake: true
-  packing: false
-  pack_window: 16384
-  pack_sequences: null
-  pack_average: null
 runtime:
   device: cuda
   backend: nccl
   precision: fp16
   kernels: apex
   unpad: true
-  attention: auto
-  compile: false
-  dense_seq_output: true
-  nccl_warmup_steps: 0
-  init_loss_scale: 1048576.0
-  num_threads: null
-checkpoint:
-  dir: null
-  keep: 3
-  every_steps: 0
-  final_model: null
 mlperf:
   org: NVIDIA
-  division: closed
-  status: onprem
   platform: 8xNVIDIA DGX A100
-  ruleset: 5.0.0
-  legacy_keys: true
-BERTCTL_RUN_YAML_653e9a4dfff094ef
+BERTCTL_RUN_YAML_{digest}
 
 # Drop the page cache (root, or passwordless sudo for sysctl), as the MLPerf rules ask before each run.
 DROP_CACHES='sync && if [ "$(id -u)" -eq 0 ]; then /sbin/sysctl -q vm.drop_caches=3; else sudo -n /sbin/sysctl -q vm.drop_caches=3; fi'
@@ -161,6 +108,10 @@ requeue_run() {
 # skipped; a run that saved a checkpoint on SIGUSR2/SIGTERM (exit 75) is requeued where the
 # scheduler can, else marked interrupted for `bertctl resume`. (Called as `run_one || ...`, where bash
 # ignores set -e: every step checks its own status.)
+# The ranks' output into the run's log. tee ignores SIGTERM: a TERM to the whole job (`bertctl cancel`,
+# scancel) reaches the ranks, which checkpoint and say so as they stop; a tee it killed would cut their
+# output, and them, on SIGPIPE, mid-checkpoint.
+keep_log() { trap '' TERM; exec tee -a "$1"; }
 run_one() {
   local i=$1 seed=${SEEDS[$1]}
   local result="$EXP_DIR/results/result_$i.txt" log="$EXP_DIR/logs/run_$i.log"
@@ -177,7 +128,8 @@ run_one() {
     touch "$EXP_DIR/runs/$i.started"
   fi
   set +e
-  launch_ranks "$i" "$seed" 2>&1 | tee -a "$log"
+  # (the launching subshell outlives a SIGTERM too, to hand on the ranks' own exit status)
+  { trap ':' TERM; launch_ranks "$i" "$seed"; } 2>&1 | keep_log "$log"
   local rc=${PIPESTATUS[0]}
   set -e
   if [ "$rc" -eq 75 ]; then
@@ -198,6 +150,7 @@ for ((i = 0; i < NEXP; i++)); do
   rc=0
   run_one "$i" || rc=$?
   [ "$rc" -eq 75 ] && { echo "run $i interrupted: stopping here"; exit 75; }
+  [ "${STOPPING:-0}" -eq 1 ] && { echo "SIGTERM: stopping after run $i"; exit 143; }
   [ "$rc" -eq 0 ] || failed=$((failed + 1))
 done
 echo "$((NEXP - failed)) of $NEXP run(s) succeeded"

@@ -33,28 +33,12 @@ export NCCL_IB_HCA=mlx5_1,mlx5_0,mlx5_5,mlx5_2
 mkdir -p "$EXP_DIR/results" "$EXP_DIR/logs" "$EXP_DIR/runs"
 
 # ---- the resolved run configuration every rank reads: the whole recipe
-cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_8ff4156699c21fe3'
+cat > "$EXP_DIR/run.yaml" <<'BERTCTL_RUN_YAML_{digest}'
 world_size: 1024
-model:
-  num_layers: 24
-  hidden_size: 1024
-  num_heads: 16
-  intermediate_size: 4096
-  vocab_size: 30522
-  max_position_embeddings: 512
-  type_vocab_size: 2
-  hidden_dropout: 0.1
-  attention_dropout: 0.1
-  layer_norm_eps: 1.0e-12
-  initializer_range: 0.02
 data:
   train_dir: /workspace/data_phase2
   eval_dir: /workspace/evaldata
-  max_seq_length: 512
-  max_predictions_per_seq: 76
   num_workers: 4
-  eval_samples: 10000
-  streams: null
 optim:
   name: adam
   lr: 0.00039299421615882676
@@ -65,25 +49,18 @@ optim:
   weight_decay: 0.0028861703130042965
   schedule: samsung
   warmup_steps: 82
-  warmup_proportion: 0.0
   start_warmup_step: -16
   max_steps: 299
   lr_max_steps: 179
   end_lr: 4.94549100544884e-05
   clip: bucket
-  max_grad_norm: 1.0
 train:
   batch_size: 16
-  gradient_accumulation_steps: 1
   global_batch_size: 16384
-  eval_batch_size: 16
   max_samples_termination: 5000000
-  target_accuracy: 0.72
   eval_every_samples: 325000
   eval_start_samples: 325000
   init_checkpoint: /workspace/phase1/model.ckpt-28252.pt
-  seed: 0
-  log_every_steps: 10
 balance:
   stratified: true
   bin_quotas:
@@ -92,37 +69,19 @@ balance:
   - 2
   - 5
   exchange_padding: group
-  group_size: 8
-  snake: true
-  packing: false
-  pack_window: 16384
-  pack_sequences: null
-  pack_average: null
 runtime:
   device: cuda
   backend: nccl
   precision: fp16
   kernels: apex
   unpad: true
-  attention: auto
-  compile: false
-  dense_seq_output: true
   nccl_warmup_steps: 10
   init_loss_scale: 131072.0
-  num_threads: null
-checkpoint:
-  dir: null
-  keep: 3
-  every_steps: 0
-  final_model: null
 mlperf:
   org: SAMSUNG
   division: open
-  status: onprem
   platform: 128xNVIDIA DGX A100
-  ruleset: 5.0.0
-  legacy_keys: true
-BERTCTL_RUN_YAML_8ff4156699c21fe3
+BERTCTL_RUN_YAML_{digest}
 
 # Drop the page cache (root, or passwordless sudo for sysctl), as the MLPerf rules ask before each run.
 DROP_CACHES='sync && if [ "$(id -u)" -eq 0 ]; then /sbin/sysctl -q vm.drop_caches=3; else sudo -n /sbin/sysctl -q vm.drop_caches=3; fi'
@@ -164,6 +123,10 @@ requeue_run() {
 # skipped; a run that saved a checkpoint on SIGUSR2/SIGTERM (exit 75) is requeued where the
 # scheduler can, else marked interrupted for `bertctl resume`. (Called as `run_one || ...`, where bash
 # ignores set -e: every step checks its own status.)
+# The ranks' output into the run's log. tee ignores SIGTERM: a TERM to the whole job (`bertctl cancel`,
+# scancel) reaches the ranks, which checkpoint and say so as they stop; a tee it killed would cut their
+# output, and them, on SIGPIPE, mid-checkpoint.
+keep_log() { trap '' TERM; exec tee -a "$1"; }
 run_one() {
   local i=$1 seed=${SEEDS[$1]}
   local result="$EXP_DIR/results/result_$i.txt" log="$EXP_DIR/logs/run_$i.log"
@@ -180,7 +143,8 @@ run_one() {
     touch "$EXP_DIR/runs/$i.started"
   fi
   set +e
-  launch_ranks "$i" "$seed" 2>&1 | tee -a "$log"
+  # (the launching subshell outlives a SIGTERM too, to hand on the ranks' own exit status)
+  { trap ':' TERM; launch_ranks "$i" "$seed"; } 2>&1 | keep_log "$log"
   local rc=${PIPESTATUS[0]}
   set -e
   if [ "$rc" -eq 75 ]; then
@@ -201,6 +165,7 @@ for ((i = 0; i < NEXP; i++)); do
   rc=0
   run_one "$i" || rc=$?
   [ "$rc" -eq 75 ] && { echo "run $i interrupted: stopping here"; exit 75; }
+  [ "${STOPPING:-0}" -eq 1 ] && { echo "SIGTERM: stopping after run $i"; exit 143; }
   [ "$rc" -eq 0 ] || failed=$((failed + 1))
 done
 echo "$((NEXP - failed)) of $NEXP run(s) succeeded"

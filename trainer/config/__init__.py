@@ -1,9 +1,12 @@
 """The configuration schemas: the orchestrator's only door into the trainer, so never import torch here.
 
 - `run`      the run configuration (`RunConfig`, written as run.yaml, read by every rank)
+- `closed_rules` MLPerf's closed-division BERT rules as data (`CLOSED_RULES`), applied by `RunConfig`
 - `dataset`  dataset manifests (`DatasetManifest`, datasets/*.yaml)
 - `paths`    `~` and `$VARS` in configured paths, expanded on the node that uses them
 - `base`     frozen sections, `ConfigProblem` (a broken rule with its key) and `first_problem`
+
+May import: nothing of bertctl beyond this package
 """
 
 from trainer.config.base import ConfigProblem, Section, first_problem

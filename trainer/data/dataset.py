@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import multiprocessing
+import os
+import threading
+import time
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 
 import numpy as np
 
-from trainer.balance import pack_sequences, quotas_from_counts
+from trainer.balance.algorithms import pack_sequences, quotas_from_counts
 from trainer.config import BIN_EDGES, BalanceConfig, DataConfig, expand_path
 from trainer.data.layout import Sample, Shard, ShardError, sample_count, shard_files
 
@@ -149,7 +152,8 @@ class ShardLoader:
     def __init__(self, workers: int, vocab_size: int | None = None, max_seq_length: int | None = None,
                  max_predictions: int | None = None):
         # spawn: the trainer process holds torch threads; a forked child of it is not safe
-        self._pool = cf.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) if workers else None
+        self._pool = cf.ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=die_with_parent,
+                                            initargs=(os.getpid(),)) if workers else None
         self._pending: dict[Path, cf.Future] = {}
         self._open = partial(open_training_shard, vocab_size=vocab_size, max_seq_length=max_seq_length,
                              max_predictions=max_predictions)
@@ -170,6 +174,21 @@ class ShardLoader:
         'OSError: Bad file descriptor' traceback after its one-line error, now and then."""
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def die_with_parent(parent: int, every_s: float = 1.0) -> None:
+    """A shard worker ends when the trainer that started it is gone. A SIGKILLed trainer (the OOM killer)
+    never shuts its pool down, and the worker, waiting on a queue whose writing end it holds itself,
+    would live on, holding the job's output pipe open: the job script's `| tee` never ends, nor the job.
+    (A watch, not PR_SET_PDEATHSIG: that signal follows the thread that started the worker, and the
+    packing thread starts some, which would kill them when it ends, not when the trainer does.)"""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(every_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="die-with-parent", daemon=True).start()
 
 
 def open_training_shard(path: Path, **limits) -> Shard:

@@ -227,6 +227,8 @@ def _check_datasets(f: h5py.File, layout: Layout) -> None:
         if layout == "varlen" and name in SEQUENCE_FIELDS and (base is None or d.ndim != 1):
             raise _Malformed(f"{name} is a {d.ndim}-D {d.dtype} array, not variable-length rows "
                              "(a fixed-layout shard also has input_mask)")
+        if not isinstance(base, np.dtype):  # a variable-length string or bytes dataset: h5py names it `str`/`bytes`
+            raise _Malformed(f"{name} holds {getattr(base, '__name__', base)} values, expected integers ({layout} layout)")
         if base.kind not in "iu" or d.ndim != wanted_ndim:
             raise _Malformed(f"{name} is a {d.ndim}-D {base} array, expected {wanted_ndim}-D integers ({layout} layout)")
     counts = {name: f[name].shape[0] for name in needed}

@@ -1,4 +1,4 @@
-"""`python -m trainer.launch.preflight`: one rank's part of `bertctl preflight` (orchestrator/preflight.py).
+"""`python -m trainer.launch.preflight`: one rank's part of `bertctl preflight` (orchestrator/checks/preflight.py).
 
 Started like a training rank (same script, container, binding and environment: the render path's
 `preflight` program), it measures, in this order (trainer/launch/preflight_measures.py):
@@ -64,9 +64,9 @@ class Report:
 def run(args: argparse.Namespace) -> dict:
     import torch.distributed as dist
 
-    from trainer import distributed
     from trainer.config import load_run_config
     from trainer.launch import preflight_measures as m
+    from trainer.parallel import distributed
 
     cfg = load_run_config(args.config)
     me = detect()
@@ -83,6 +83,7 @@ def run(args: argparse.Namespace) -> dict:
         report.record("memcpy", lambda: m.copy_bandwidth(device, timing))
     report.record("storage", lambda: storage(cfg, me, seed, timing))
     if not distributed.initialized():  # one rank: nothing to reduce with; the steps still run
+        report.skip("allreduce_world", "one rank: nothing to reduce with")
         return train(report, "storage" in report.data["measures"], lambda: steps(cfg, args, seed, report))
 
     nodes = [None] * me.world_size
@@ -176,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=int(os.environ.get("BERTCTL_PREFLIGHT_STEPS", "5")),
                         help="training steps timed (after the trainer's warm-up)")
     args = parser.parse_args(argv)
-    from trainer import distributed
+    from trainer.parallel import distributed
 
     run(args)
     distributed.exit_process(0)  # a rank that used a process group leaves without the interpreter's teardown

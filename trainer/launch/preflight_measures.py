@@ -5,7 +5,7 @@
 - `read_bandwidth`: this rank's share of the training shards, read cold from the mount, MB/s.
 - `allreduce_busbw`: all-reduce bus bandwidth in a group, GB/s, nccl-tests' definition:
   algbw = bytes / time, busbw = algbw x 2(n-1)/n (what each rank's link carries in a ring).
-- `train_steps`: real steps of the recipe (trainer/train.py's Trainer), samples/s per rank, and the
+- `train_steps`: real steps of the recipe (trainer/loop/train.py's Trainer), samples/s per rank, and the
   same steps' compute alone (forward and backward without DDP's allreduce), which pins a slow rank
   where the synchronous step time cannot (every rank waits for the slowest).
 
@@ -135,10 +135,17 @@ class StorageError(Exception):
 
 
 def my_shards(cfg, rank: int, world_size: int, seed: int) -> list[Path]:
+    from trainer.config import PathError, expand_path
     from trainer.data.dataset import DataError, files_by_rank
 
-    if not os.path.isdir(cfg.data.train_dir):
-        raise StorageError(f"data.train_dir {cfg.data.train_dir}: not visible on this node (is the mount there?)")
+    # expanded as the trainer expands it on this node ($BERTCTL_HOME, ~): the literal text is no folder
+    try:
+        folder = expand_path(cfg.data.train_dir)
+    except PathError as e:
+        raise StorageError(f"data.train_dir: {e}") from None
+    if not os.path.isdir(folder):
+        shown = cfg.data.train_dir if folder == cfg.data.train_dir else f"{cfg.data.train_dir} (here {folder})"
+        raise StorageError(f"data.train_dir {shown}: not visible on this node (is the mount there?)")
     try:
         return files_by_rank(cfg.data, cfg.balance, world_size, seed)[rank]
     except (DataError, OSError) as e:
@@ -183,7 +190,7 @@ def read_cold(path: Path) -> int:
 
 def allreduce_bytes(cfg) -> int:
     """DDP's bucket: its default cap, or the whole gradient when the model is smaller (fp32 gradients)."""
-    from trainer.model import BertForPreTraining
+    from trainer.model.bert import BertForPreTraining
 
     with torch.device("meta"):
         params = sum(p.numel() for p in BertForPreTraining(cfg.model).parameters())
@@ -245,14 +252,22 @@ def train_steps(cfg, out: str, run_index: int, seed: int, steps: int, timing: Ti
     """Real steps of the recipe after the trainer's own warm-up: `steps` synchronous steps (samples/s of
     the best), and the compute of one step's batches alone, forward and backward under DDP's no_sync
     (no collective), timed in windows like the other figures."""
-    from trainer.train import RunArgs, Trainer
+    from trainer.loop.train import RunArgs, Trainer
 
-    # checkpoints in the preflight's own folder: never resume from, or write to, the run's
-    cfg = cfg.model_copy(update={"checkpoint": cfg.checkpoint.model_copy(update={"dir": None, "final_model": None})})
+    # checkpoints in the preflight's own folder: never resume from, or write to, the run's; random weights
+    # (a step costs the same, and the phase-1 checkpoint may not be built yet on a fresh machine)
+    cfg = cfg.model_copy(update={"checkpoint": cfg.checkpoint.model_copy(update={"dir": None, "final_model": None}),
+                                 "train": cfg.train.model_copy(update={"init_checkpoint": None})})
     trainer = Trainer(cfg, RunArgs(config="", out=out, run_index=run_index, seed=seed))
     device, per_step = trainer.device, cfg.train.batch_size * cfg.train.gradient_accumulation_steps
     try:
         trainer.warm_up()
+        # the first batch after the warm-up starts the data pipeline (workers, shards): the run pays it
+        # once inside its timed region, the prediction's start-up
+        started = time.perf_counter()
+        first = trainer.next_micro_batches()
+        first_batch_s = time.perf_counter() - started
+        trainer.train_step(first)
         step_s = []
         for _ in range(steps):
             batches = trainer.next_micro_batches()
@@ -274,4 +289,4 @@ def train_steps(cfg, out: str, run_index: int, seed: int, steps: int, timing: Ti
         trainer.close()
     step = min(step_s)
     return (Figure(per_step / step, "samples/s", {"step_s": step, "steps_s": step_s}),
-            Figure(rate, "samples/s", {"compute_s": per_step / rate, "repeats": repeats}))
+            Figure(rate, "samples/s", {"compute_s": per_step / rate, "repeats": repeats, "first_batch_s": first_batch_s}))

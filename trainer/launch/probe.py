@@ -16,7 +16,7 @@ itself. A rank without a plan file (run by hand) computes its own entry. For the
 rank half imports only small standard modules and trainer.launch.dist_env: on a 1,024-rank rehearsal each
 millisecond of a rank's start is about half a second of the whole.
 
-Submitted with `bertctl submit --probe`; `bertctl rehearsal EXP` (orchestrator/rehearsal.py) checks
+Submitted with `bertctl submit --probe`; `bertctl rehearsal EXP` (orchestrator/checks/rehearsal.py) checks
 every rank's report.
 """
 

@@ -10,7 +10,7 @@ run restarts where it stopped):
             masking (masking.py), or TFRecord -> samples (tfrecord.py); written to <root>/.work
   combine   one task per group of output shards: the 4-bin split into balanced shards (bins.py),
             or the even eval pick (eval_pick.py)
-  checkpoint  the phase-1 TensorFlow checkpoint -> PyTorch (trainer/convert_checkpoint.py), when the
+  checkpoint  the phase-1 TensorFlow checkpoint -> PyTorch (trainer/checkpoints/convert.py), when the
             manifest names one
   finish    per-file statistics and content digests (stats.py) -> <root>/prepared.json
 

@@ -270,7 +270,7 @@ def sample_columns(samples: list[Sample]):
 # ---- checkpoint: the phase-1 TensorFlow checkpoint -> PyTorch
 
 def checkpoint_task(plan: Plan) -> dict:
-    from trainer import convert_checkpoint  # imports torch: only the checkpoint stage needs it
+    from trainer.checkpoints import convert as convert_checkpoint  # imports torch: only the checkpoint stage needs it
 
     output = plan.checkpoint_output
     if output is None or output.exists():

@@ -1,0 +1,120 @@
+"""Preflight's judge trusts no figure it reads back: every figure is a finite, positive number with a
+unit, or the measure failed on that rank (naming its file); a measure absurd on every node is a failure
+of the measure, not "no node flagged"; a FIFO rank file never blocks; the JSON never holds NaN; the
+prediction is never negative or infinite; bad settings are refused before anything is submitted."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+
+import pytest
+from conftest import run_cli
+from synthetic import tiny_run_config
+
+from orchestrator.checks import preflight
+from orchestrator.errors import UserError
+
+
+def report(rank: int, node: str, **figures) -> dict:
+    return {"rank": rank, "node": node, "done": True, "errors": {},
+            "measures": {k: {"value": v, "unit": "GB/s"} for k, v in figures.items()}}
+
+
+def two_nodes(bad) -> dict[int, dict]:
+    """node1 and node2, one rank each; node2's storage figure is `bad`."""
+    return {0: report(0, "node1", matmul=10.0, storage=100.0), 1: report(1, "node2", matmul=10.0, storage=bad)}
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -5.0, 0, 1e308, "fast", None, True, [1], {"x": 1}])
+def test_a_figure_that_is_no_positive_number_fails_its_measure_on_that_node(bad):
+    verdict = preflight.assess("e", two_nodes(bad), 2, 1, threshold=10)
+    assert verdict.flagged == ["node2"] and verdict.broken == {}
+    (reason,) = verdict.nodes[1].reasons
+    assert reason.startswith("rank 1: storage failed: rank_1.json: storage value is ") and "not a finite positive" in reason
+    assert "storage" not in verdict.nodes[1].measures
+    json.loads(preflight.strict_json(verdict.as_json()))  # no NaN, whatever the file held
+
+
+@pytest.mark.parametrize("damage", [
+    lambda r: r.pop("rank"), lambda r: r.update(rank="1"), lambda r: r.update(measures=[]),
+    lambda r: r.update(errors="boom"), lambda r: r["measures"]["storage"].pop("unit"),
+    lambda r: r["measures"].update(storage=7), lambda r: r.update(node=None),
+])
+def test_a_malformed_rank_report_is_a_flag_on_its_node_never_a_traceback(damage):
+    reports = two_nodes(100.0)
+    damage(reports[1])
+    verdict = preflight.assess("e", reports, 2, 1, threshold=10)
+    assert verdict.flagged == ["node2"] or (verdict.nodes[1].node == "node #1 of the job" and verdict.flagged)
+    assert any("rank_1.json" in reason for reason in verdict.nodes[1].reasons)
+
+
+def test_zero_on_every_node_is_a_failed_measure_not_no_node_flagged():
+    reports = {r: report(r, f"node{r + 1}", matmul=10.0, storage=0.0) for r in range(3)}
+    verdict = preflight.assess("e", reports, 3, 1, threshold=10)
+    assert verdict.flagged == [] and verdict.failed
+    assert list(verdict.broken) == ["storage"] and "not a finite positive number" in verdict.broken["storage"]
+    assert verdict.as_json()["broken_measures"] == verdict.broken
+
+
+def test_a_zero_algbw_gives_no_prediction_instead_of_a_zero_division(tmp_path):
+    from trainer.config import load_run_config
+
+    reports = {r: report(r, f"node{r + 1}", matmul=10.0) for r in range(2)}
+    for r in reports.values():
+        r["measures"]["train_compute"] = {"value": 100.0, "unit": "samples/s", "compute_s": 0.1}
+        r["measures"]["allreduce_world"] = {"value": 5.0, "unit": "GB/s", "algbw": 0}
+    run = load_run_config(tiny_run_config(tmp_path, world_size=2, batch_size=4))
+    checked, broken = preflight.checked_reports(reports)
+    assert "allreduce_world" in broken
+    prediction = preflight.predicted_time(checked, run)
+    assert "error" in prediction
+
+
+def test_a_prediction_out_of_bounds_is_refused(monkeypatch):
+    from orchestrator.checks import predict
+
+    class Absurd:
+        def as_json(self):
+            return {"minutes": -3.0, "step_s": math.inf}
+
+    monkeypatch.setattr(predict, "from_preflight", lambda reports, run: Absurd())
+    assert preflight.predicted_time({}, None) == {"error": "the figures predict nothing sensible (minutes is -3.0)"}
+
+
+def test_a_fifo_rank_file_never_blocks_and_is_named(tmp_path):
+    folder = tmp_path / "preflight"
+    folder.mkdir()
+    os.mkfifo(folder / "rank_1.json")
+    (folder / "rank_0.json").write_text(json.dumps(report(0, "node1", matmul=1.0)))
+    (folder / "rank_2.json").write_text('{"rank": 2, "measures": {"matmul": {"value": 1')  # died while writing
+    result: dict = {}
+    reader = threading.Thread(target=lambda: result.update(preflight.rank_reports(tmp_path)), daemon=True)
+    reader.start()
+    reader.join(10)
+    assert not reader.is_alive(), "rank_reports blocked on a FIFO"
+    assert set(result) == {0, 1, 2} and "FIFO" in result[1]["unreadable"]
+    verdict = preflight.assess("e", result, 3, 1, threshold=10)
+    assert verdict.flagged == ["node #1 of the job", "node #2 of the job"]
+    assert "rank_1.json" in verdict.nodes[1].reasons[0] and "rank_2.json" in verdict.nodes[2].reasons[0]
+
+
+@pytest.mark.parametrize("name,value", [
+    ("BERTCTL_PREFLIGHT_WINDOW", "nan"), ("BERTCTL_PREFLIGHT_WINDOW", "inf"), ("BERTCTL_PREFLIGHT_WINDOW", "0"),
+    ("BERTCTL_PREFLIGHT_WINDOW", "-1"), ("BERTCTL_PREFLIGHT_WINDOWS", "0"), ("BERTCTL_PREFLIGHT_WINDOWS", "2.5"),
+    ("BERTCTL_PREFLIGHT_STEPS", "\u0663"), ("BERTCTL_PREFLIGHT_STEPS", ""), ("BERTCTL_PREFLIGHT_STEPS", "1e9"),
+])
+def test_bad_preflight_settings_are_refused_before_anything_is_submitted(name, value, monkeypatch, bertctl_home):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(UserError, match=name):
+        preflight.check_settings(os.environ)
+    result = run_cli("preflight", "--cluster", "local")
+    assert result.code == 2 and name in result.err and len(result.err.strip().splitlines()) == 1
+    assert not (bertctl_home / "experiments").exists()
+
+
+def test_good_preflight_settings_pass():
+    preflight.check_settings({"BERTCTL_PREFLIGHT_WINDOW": "0.3", "BERTCTL_PREFLIGHT_WINDOWS": "3",
+                              "BERTCTL_PREFLIGHT_STEPS": "2"})

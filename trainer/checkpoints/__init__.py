@@ -1,0 +1,6 @@
+"""Checkpoints in three formats: `run` (ours: everything needed to continue a run exactly, written
+atomically), `tf_checkpoint` (reading TensorFlow's bundles without TensorFlow), `convert` (a TF phase-1
+checkpoint -> a PyTorch state dict with Hugging Face names).
+
+May import: trainer.config, trainer.data, trainer.model, trainer.loop
+"""
