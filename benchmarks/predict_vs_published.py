@@ -30,10 +30,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from orchestrator.checks import predict  # noqa: E402
-from orchestrator.results import resultset  # noqa: E402
+from orchestrator.errors import UserError  # noqa: E402
+from orchestrator.results import compliance, resultset  # noqa: E402
 
 DATA = ROOT / "tests" / "data"
-RULESET = "1.1.0"
+RULESET = "1.1.0"  # the round of the systems kept in tests/data; --tree takes the round from its path
 TARGET = 0.10
 # (system, where its tree is: a folder, or a .tar.gz of ORG/{results,systems})
 SYSTEMS = [
@@ -77,6 +78,8 @@ def accelerators_of(root: Path, system: str) -> int:
 
 def row(name: str, count: int, c: predict.PublishedCheck, division: str | None) -> str:
     p = c.prediction
+    if c.error is None:  # a set without a score: nothing to compare the prediction with
+        return f"{name[:40]:40s} {count:6d} {c.global_batch:6d} predicted {p.minutes:9.3f}, no published score"
     flag = "" if abs(c.error) <= TARGET else "  MISS"
     note = "" if division in (None, "closed") else f"  ({division} division)"
     return (f"{name[:40]:40s} {count:6d} {c.global_batch:6d} {p.rcp.samples:12,.0f} {p.evals:8.2f}/{c.logged_evals:<8.2f} "
@@ -106,9 +109,11 @@ def eval_check(name: str, count: int, rs) -> str | None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--tree", type=Path, help="a checkout of github.com/mlcommons/training_results_v1.1")
+    parser.add_argument("--tree", type=Path, help="a checkout of github.com/mlcommons/training_results_vX.Y")
+    parser.add_argument("--ruleset", help="the round's ruleset (default: from the --tree path, else 1.1.0)")
     args = parser.parse_args(argv)
-    print(f"machine: {platform.machine()}, python {platform.python_version()}; RCP ruleset {RULESET}; "
+    ruleset = args.ruleset or (args.tree and compliance.ruleset_from_path(args.tree)) or RULESET
+    print(f"machine: {platform.machine()}, python {platform.python_version()}; RCP ruleset {ruleset}; "
           f"target: prediction within {TARGET:.0%} of the published score")
     print(f"{'system':40s} {'accel.':>6s} {'GBS':>6s} {'RCP samples':>12s} {'evals pred/logged':>17s} "
           f"{'interval s':>10s} {'overhead s':>10s} {'predicted':>9s} {'published':>9s} {'error':>7s} {'conv.':>7s}")
@@ -119,8 +124,8 @@ def main(argv: list[str] | None = None) -> None:
             system = name.split()[-1] if args.tree else None
             try:
                 rs = resultset.from_directory(root / "results" / system if system else root)
-                c = predict.from_published(rs, RULESET)
-            except predict.NoPrediction as why:
+                c = predict.from_published(rs, ruleset)
+            except (predict.NoPrediction, UserError) as why:
                 print(f"{name[:40]:40s} no prediction: {why}")
                 continue
             count = accelerators_of(root, system) if system else accelerators(root)

@@ -143,6 +143,34 @@ def many_events(count: int):
     return damage
 
 
+def repeat_first_eval(lines):
+    """The first evaluation written twice, a millisecond apart: what a crash, then `resume`, writes."""
+    at = find(lines, "eval_accuracy")
+    again = with_field(lines[at], "time_ms", str(event_of(lines[at])["time_ms"] + 1))
+    return lines[: at + 1] + [again] + lines[at + 1:]
+
+
+def final_eval_at_previous_epoch_num(lines):
+    """The final evaluation claims the previous one's sample count: fewer samples to converge."""
+    evals = [i for i, line in enumerate(lines) if MARK in line and event_of(line)["key"] == "eval_accuracy"]
+    previous = event_of(lines[evals[-2]])["metadata"]["epoch_num"]
+    lines[evals[-1]] = with_field(lines[evals[-1]], "epoch_num", str(previous), "metadata")
+    return lines
+
+
+def squeeze_run(ms: int):
+    """Every event from run_start to run_stop moved into `ms` milliseconds: the same samples, impossibly fast."""
+    def damage(lines):
+        start, stop = find(lines, "run_start"), find(lines, "run_stop")
+        t0, t1 = event_of(lines[start])["time_ms"], event_of(lines[stop])["time_ms"]
+        for i in range(start, stop + 1):
+            if MARK in lines[i]:
+                t = event_of(lines[i])["time_ms"]
+                lines[i] = with_field(lines[i], "time_ms", str(round(t0 + (t - t0) * ms / (t1 - t0))))
+        return lines
+    return damage
+
+
 def fifo(path: Path) -> None:
     os.mkfifo(path)
 
@@ -186,8 +214,10 @@ def cases() -> list[Case]:
         Case("order/eval after run_stop", append_copy("eval_accuracy"), "eval_accuracy after run_stop"),
         Case("order/no run_stop", delete("run_stop"), "no run_stop"),
         Case("order/no run_start", delete("run_start"), "before any run_start"),
+        # evaluations after convergence alone are a warning (Google's published v1.1 logs have them); copies
+        # of one evaluation repeat its sample count, which no published log does
         Case("order/thousands of evals after convergence", insert_copy("eval_accuracy", "train_samples", 3000),
-             "evaluations after convergence"),
+             "a second evaluation at epoch_num"),
         Case("order/thousands of events after run_stop", append_copy("eval_accuracy", 3000), "after run_stop"),
     ]
     accuracy = [Case(f"accuracy/last {raw}", set_field("eval_accuracy", "value", raw), why, damaged)
@@ -206,7 +236,7 @@ def cases() -> list[Case]:
                Case("counts/seed 1e30", set_field("seed", "value", "1e30", last=False), "seed is 1e+30")]
     keys = [Case("key/null", set_field("run_stop", "key", "null"), "key is null", damaged=True),
             Case("key/number", set_field("eval_accuracy", "key", "5"), "key is 5", damaged=True),
-            Case("key/empty", set_field("eval_accuracy", "key", '""'), 'key is ""', damaged=True)]
+            ]
     types = [Case("types/run_stop metadata a list", set_field("run_stop", "metadata", "[1, 2]"), "not an object"),
              Case("types/run_stop metadata null", set_field("run_stop", "metadata", "null"), "not an object"),
              Case("types/run_stop status 7", set_field("run_stop", "status", "7", "metadata"), "status is 7"),
@@ -224,4 +254,18 @@ def cases() -> list[Case]:
              Case("file/directory", None, "not a regular file (a directory)", damaged=True, replace=directory),
              Case("file/device", None, "not a regular file (a device)", damaged=True, replace=device),
              Case("file/too big", None, "larger than 64 MiB", damaged=True, replace=too_big)]
-    return time + order + accuracy + counts + keys + types + lines + files
+    lies = [Case("lie/an evaluation repeated at one epoch_num", repeat_first_eval, "a second evaluation at epoch_num"),
+            Case("lie/the final evaluation reuses the previous epoch_num", final_eval_at_previous_epoch_num,
+                 "a second evaluation at epoch_num"),
+            Case("lie/2.4 M samples in 60 ms", squeeze_run(60), "samples/s: more than 10,000,000"),
+            Case("lie/10^12 samples in 20 minutes", set_field("eval_accuracy", "epoch_num", "1000000000000", "metadata"),
+                 "samples/s: more than 10,000,000"),
+            Case("lie/global_batch_size 0", set_field("global_batch_size", "value", "0", last=False),
+                 "global_batch_size is 0: a BERT run needs it above 0"),
+            Case("lie/global_batch_size 10^12", set_field("global_batch_size", "value", "1000000000000", last=False),
+                 "global_batch_size is 1,000,000,000,000: more than 1,000,000"),
+            Case("lie/negative learning rate", set_field("opt_base_learning_rate", "value", "-0.000425", last=False),
+                 "opt_base_learning_rate is -0.000425"),
+            Case("lie/max_sequence_length 0", set_field("max_sequence_length", "value", "0", last=False),
+                 "max_sequence_length is 0")]
+    return time + order + accuracy + counts + keys + types + lines + files + lies

@@ -99,3 +99,20 @@ def test_the_rcp_checkers_own_crash_is_a_failed_check_not_a_traceback(tmp_path):
     log.write_text("".join(lines))
     verdict = scoring.check_rcp(tmp_path, "5.0.0")
     assert not verdict.passed and verdict.message.startswith("the official RCP checker could not read these logs (")
+
+
+def test_a_set_faster_than_the_rcp_mean_is_scaled_as_the_rcp_checker_says(tmp_path):
+    """Olympic mean of samples to converge 2,325,000 at batch 448 (5.0.0: RCP mean 2,414,421, acceptable from
+    2,274,732): the RCP passes and the score is multiplied by 2,414,421.33 / 2,325,000 (reference: 1.03846)."""
+    from orchestrator.results import verdict
+
+    for i, spec in enumerate(f.example_specs()):  # five runs at 2.25 M samples, five at 2.4 M
+        f.write_log(tmp_path / f"result_{i}.txt", f.RunSpec(**{**vars(spec), "converge_samples": (2_250_000, 2_400_000)[i % 2]}))
+    rcp = scoring.check_rcp(tmp_path, "5.0.0")
+    assert rcp.passed and rcp.factor == pytest.approx(1.038460788530466)
+    score = scoring.olympic_score([(f"r{i}", m, True) for i, m in enumerate(f.EXAMPLE_MINUTES)])
+    report = verdict.Report("directory", "x", str(tmp_path), "closed", "5.0.0", "", "", [], score=score, rcp=rcp)
+    assert report.scaled_minutes == pytest.approx(score.minutes * 1.038460788530466) and score.minutes > 20
+    assert report.as_json()["scaled_score_minutes"] == report.scaled_minutes
+    report.rcp = None  # v0.7 has no RCPs: the score stands
+    assert report.scaled_minutes == score.minutes

@@ -144,6 +144,50 @@ def test_a_malformed_log_fails_a_ten_run_set_and_never_enters_the_score(tmp_path
     assert sorted(p.name for p in handed) == [f"result_{i}.txt" for i in range(10) if i != 4]
 
 
+# ---- lies a set tells: one run counted twice
+
+
+def two_run_set(tmp_path, **second) -> tuple:
+    logs = tmp_path / "logs"
+    specs = f.example_specs()[:2]
+    f.write_log(logs / "result_0.txt", specs[0])
+    f.write_log(logs / "result_1.txt", f.RunSpec(**{**vars(specs[1]), **second}))
+    return logs, logs / "result_0.txt", logs / "result_1.txt"
+
+
+@pytest.mark.parametrize("how, said", [("copy", "result_1.txt is a copy of result_0.txt"),
+                                       ("hard link", "result_1.txt is the same file as result_0.txt"),
+                                       ("same seed", "result_1.txt and result_0.txt log the same seed 1000")])
+def test_one_run_counted_twice_fails_the_set(how, said, tmp_path):
+    """No published set repeats a run, a file or a seed; the official checker judges each log alone."""
+    logs, first, second = two_run_set(tmp_path, seed=f.example_specs()[0].seed)
+    if how == "copy":
+        shutil.copyfile(first, second)
+    elif how == "hard link":
+        second.unlink()
+        os.link(first, second)
+    result = run_cli("compliance-check", "--results", str(logs), "--no-score", "--json")
+    report = json.loads(result.out)
+    assert result.code == 1 and report["passed"] is False and "Traceback" not in result.err
+    assert [r["compliant"] for r in report["runs"]] == [True, True]  # each log alone is fine
+    assert any(said in p for p in report["problems"]), report["problems"]
+
+
+def test_a_division_the_official_tools_crash_on_is_one_line_each(tmp_path):
+    """submission_division "closed " makes the official checker and summarizer raise FileNotFoundError."""
+    logs = tmp_path / "logs"
+    for i, spec in enumerate(f.example_specs()):
+        f.write_log(logs / f"result_{i}.txt", spec)
+        hostile_logs.Case("x", hostile_logs.set_field("submission_division", "value", '"closed "', last=False),
+                          "").apply(logs / f"result_{i}.txt")
+    result = run_cli("compliance-check", "--results", str(logs), "--json")
+    report = json.loads(result.out)
+    assert result.code == 1 and report["passed"] is False and "Traceback" not in result.err
+    crashes = [p for p in report["problems"] if "crashed" in p]
+    assert len(crashes) == 2 and all("\n" not in p and "FileNotFoundError" in p for p in crashes), crashes
+    assert "summarizer" in crashes[1]
+
+
 def test_a_long_line_does_not_hang_compliance_check_plot_or_status(valid_logs, tmp_path):
     case = next(c for c in CASES if c.name == "lines/300 KB line")
     logs, _ = damaged_set(valid_logs, tmp_path, case)

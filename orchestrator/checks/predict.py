@@ -257,12 +257,15 @@ class PublishedCheck:
     label: str
     global_batch: int
     prediction: Prediction
-    score_minutes: float  # the olympic mean, as compliance-check computes it
+    score_minutes: float | None  # the olympic mean, as compliance-check computes it; None: the set has no score
     logged_evals: float  # mean evaluations of the converged runs
     logged_samples: float  # mean samples to converge of the converged runs
 
     @property
-    def error(self) -> float:
+    def error(self) -> float | None:
+        """The prediction's error against the score; None for a set without a score (two runs failed)."""
+        if not self.score_minutes:
+            return None
         return self.prediction.minutes / self.score_minutes - 1.0
 
     @property
@@ -278,7 +281,8 @@ def from_published(rs, ruleset: str) -> PublishedCheck:
     the last eval to run_stop; the eval cadence is the system's own (samples to converge / evals, the
     median over runs: Azure's 2,048 GPUs evaluated every 225,280 samples where the rule says 200,000);
     the samples to converge come from the RCP, not from the logs."""
-    converged = [s for s in rs.summaries if s.converged and len(s.eval_times_ms) >= 3]
+    # the logs as compliance-check reads them (orchestrator/results/summary.py): a log with a problem never converged
+    converged = [s for s in rs.summaries if s.converged and len(s.eval_times_ms) >= 3 and s.samples_to_converge]
     if not converged:
         raise NoPrediction(f"{rs.label}: no converged run with three evals or more")
     gbs = converged[0].global_batch_size

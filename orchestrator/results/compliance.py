@@ -171,15 +171,21 @@ def choose_ruleset(log_dir: Path, first_time_ms: float | None, explicit: str | N
 # ---- running the checker
 
 
-def check_log(path: str | Path, ruleset: str, werror: bool = False) -> CheckResult:
-    """`python -m mlperf_logging.compliance_checker` on one log; its exit code is the verdict."""
+def check_log(path: str | Path, ruleset: str, werror: bool = False, timeout: float | None = None) -> CheckResult:
+    """`python -m mlperf_logging.compliance_checker` on one log; its exit code is the verdict.
+
+    A checker that runs past `timeout` seconds gave no verdict: that is a crash, said in one line."""
     with tempfile.TemporaryDirectory(prefix="bertctl-cc-") as tmp:
         command = [sys.executable, "-m", "mlperf_logging.compliance_checker", "--usage", USAGE,
                    "--ruleset", ruleset, "--log_output", str(Path(tmp) / "compliance_checker.log")]
         if werror:
             command.append("--werror")
         # absolute: the checker runs in its own folder, so a relative log path would name nothing
-        proc = subprocess.run(command + [str(Path(path).absolute())], capture_output=True, text=True, cwd=tmp)
+        try:
+            proc = subprocess.run(command + [str(Path(path).absolute())], capture_output=True, text=True, cwd=tmp,
+                                  timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return CheckResult(str(path), ruleset, False, [f"the checker ran past {timeout:g} s"], crashed=True)
     if "Traceback (most recent call last)" in proc.stderr:
         last = [line for line in proc.stderr.strip().splitlines() if line.strip()][-1]
         return CheckResult(str(path), ruleset, False, [f"the checker crashed: {last}"], crashed=True)

@@ -50,9 +50,20 @@ CLOCK_SKEW_MS = 24 * 3600 * 1000  # a log's time may run ahead of now (or its fi
 # lines may be out of order: by up to 23 ms (init_start) and 234 ms (cache_clear) in NVIDIA's
 # published 1,024- and 4,320-GPU logs
 RANK_CLOCK_SKEW_MS = 60_000
-# What a log may still say after run_stop: Habana's published logs end with the submission_* keys
-AFTER_RUN_STOP = (K.SUBMISSION_BENCHMARK, K.SUBMISSION_ORG, K.SUBMISSION_DIVISION, K.SUBMISSION_STATUS,
-                  K.SUBMISSION_PLATFORM, K.SUBMISSION_POC_NAME, K.SUBMISSION_POC_EMAIL)
+# What a log may not say after run_stop: training or evaluating after the run stopped. Anything else
+# may follow it: published logs end with submission_* keys (Habana), run_final (Google), seed (tinycorp),
+# train_samples (PCL)
+NOT_AFTER_RUN_STOP = (K.RUN_START, K.RUN_STOP, K.EVAL_ACCURACY, K.BLOCK_START, K.BLOCK_STOP, K.EPOCH_START,
+                      K.EPOCH_STOP, K.EVAL_START, K.EVAL_STOP, K.INIT_START, K.INIT_STOP)
+# The fastest published BERT run trained 768,000 samples/s (NVIDIA's 3,472 H100, v3.1 to v4.1: 6.0 M
+# samples in 7.8 s); benchmarks/published_logs_sweep.py measured every published log. A log claiming 13
+# times that did not happen.
+MAX_SAMPLES_PER_S = 10_000_000
+# The largest published global batch is 16,416 sequences (sweep of every published log)
+MAX_GLOBAL_BATCH = 1_000_000
+# Values a BERT run cannot have: nothing is trained with no batch, no sequence or a learning rate <= 0
+POSITIVE_VALUES = (K.GLOBAL_BATCH_SIZE, K.MAX_SEQUENCE_LENGTH, K.GRADIENT_ACCUMULATION_STEPS, K.OPT_BASE_LR,
+                   "max_predictions_per_seq")
 INTERVAL_STARTS = {K.BLOCK_STOP: K.BLOCK_START, K.EPOCH_STOP: K.EPOCH_START, K.EVAL_STOP: K.EVAL_START}
 FIELDS = ("time_ms", "key", "value", "metadata")
 
@@ -82,6 +93,8 @@ class ParsedLog:
     events: list[Event] = field(default_factory=list)  # the events before the first problem
     damaged: list[tuple[int, str]] = field(default_factory=list)  # (line, why) for lines that are no event
     problem: tuple[int, str] | None = None  # the first line whose event breaks a rule, and the rule
+    # (line, why): what bertctl doubts in a log that published, accepted results also do; never a failure
+    warnings: list[tuple[int, str]] = field(default_factory=list)
     lines: int = 0
     has_run_start: bool = False
     has_run_stop: bool = False
@@ -175,7 +188,10 @@ def parse(path: str | Path) -> ParsedLog:
             log.problem = (number, broken)
             continue
         log.events.append(event)
+    if not log.problem and not log.damaged:
+        log.problem = rules.finish()
     log.has_run_start, log.has_run_stop = rules.run_start is not None, rules.run_stop is not None
+    log.warnings = rules.warnings
     return log
 
 
@@ -199,7 +215,7 @@ def parse_line(line: str, number: int) -> tuple[Event | None, str | None]:
     missing = [k for k in FIELDS if k not in raw]
     if missing:
         return None, f"an event without {', '.join(missing)}"
-    if not isinstance(raw["key"], str) or not raw["key"]:
+    if not isinstance(raw["key"], str):
         return None, f"an event whose key is {json.dumps(raw['key'])}, not a name"
     return Event(number, raw["time_ms"], raw["key"], raw["value"], raw["metadata"]), None
 
@@ -230,6 +246,13 @@ def _is_count(value) -> bool:
     return _is_number(value) and 0 <= value <= MAX_SAMPLES
 
 
+def _is_counts(value) -> bool:
+    """A count, or a list of them: NVIDIA's tracked_stats give their step as [epoch, step], e.g. [2, 3321]."""
+    if isinstance(value, list):
+        return 0 < len(value) <= 8 and all(_is_count(v) for v in value)
+    return _is_count(value)
+
+
 class Rules:
     """The rules one MLPerf run's events keep, checked event by event (`check` says the first broken one)."""
 
@@ -243,10 +266,41 @@ class Rules:
         self.counts: dict[tuple[str, str], float] = {}  # (key, metadata field) -> the last count
         self.evals: list[tuple[int, float]] = []  # (line, accuracy)
         self.status: str | None = None
+        self.global_batch_size: float | None = None
+        self.train_samples: float | None = None
+        self.run_stop_ms: float | None = None
+        self.warnings: list[tuple[int, str]] = []  # (line, why): doubts that published logs share
+
+    def warn(self, e: Event, why: str) -> None:
+        self.warnings.append((e.line, why))
 
     def check(self, e: Event) -> str | None:
         # the order of events first: a copied line breaks it and, less tellingly, the order of times too
+        if not e.key:  # Supermicro's published v1.0 logs name their submission_* values with ""
+            self.warn(e, f"an event with an empty key (value {json.dumps(e.value)[:40]}): the official checker "
+                         "ignores it")
+        if self.run_stop is not None and e.key in NOT_AFTER_RUN_STOP:  # first: a copied line says more here
+            return f"{e.key} after run_stop (line {self.run_stop})"
         return self._metadata(e) or self._value(e) or self._order(e) or self._time(e)
+
+    def finish(self) -> tuple[int, str] | None:
+        """What the whole run claims, once every event is read: (run_stop's line, why) or None."""
+        if self.run_stop is None or self.run_start_ms is None or self.run_stop_ms is None:
+            return None
+        evaluated = max((count for (key, name), count in self.counts.items()
+                         if key == K.EVAL_ACCURACY and name == K.EPOCH_NUM), default=0)
+        samples = max(evaluated if self._counts_samples(evaluated) else 0, self.train_samples or 0)
+        seconds = (self.run_stop_ms - self.run_start_ms) / 1000.0
+        if samples and samples > MAX_SAMPLES_PER_S * max(seconds, 1e-3):
+            rate = samples / max(seconds, 1e-3)
+            return (self.run_stop, f"{samples:,.0f} samples in {seconds:,.3f} s is {rate:,.0f} samples/s: more "
+                                   f"than {MAX_SAMPLES_PER_S:,} (13 times the fastest published BERT run)")
+        return None
+
+    def _counts_samples(self, epoch_num: float) -> bool:
+        """Does eval_accuracy's epoch_num count samples (>= one global batch), as MLPerf BERT logs it since
+        v1.0? Earlier logs count epochs (1, 1, 2, ...), and repeat them."""
+        return epoch_num >= (self.global_batch_size or 2)
 
     def _time(self, e: Event) -> str | None:
         """Before run_start the ranks' clocks may disagree by RANK_CLOCK_SKEW_MS. From run_start on each
@@ -257,7 +311,13 @@ class Rules:
         if not _is_number(t):
             return f"time_ms is {json.dumps(t)[:40]}, not a number"
         if not EARLIEST_MS <= t <= self.latest_ms:
-            return f"time_ms {t} is not a time this log could have been written at (2000 to now)"
+            why = f"time_ms {t} is not a time this log could have been written at (2000 to now)"
+            if e.key in (K.RUN_START, K.RUN_STOP) or t > self.latest_ms:
+                return why
+            # Google's published v0.7 logs write the submission_* keys with time_ms 0: no time rather than a
+            # false one. The event is kept, its time not used
+            self.warn(e, f"{e.key}'s {why}; its time is not used")
+            return None
         if self.run_start_ms is None or e.key == K.RUN_START:
             if self.last_ms is not None and t < self.last_ms - RANK_CLOCK_SKEW_MS:
                 return f"time_ms {t} is earlier than the event before ({self.last_ms}) by more than clocks differ"
@@ -266,8 +326,12 @@ class Rules:
                 self.run_start_ms = t
             return None
         before = [(self.run_start_ms, "run_start's"), (self.key_ms.get(e.key), f"the previous {e.key}'s")]
+        last_eval = self.key_ms.get(K.EVAL_ACCURACY)
+        if e.key == K.RUN_STOP and last_eval is not None and t < last_eval:
+            # xFusion's published v3.1 logs stop the clock before their last evaluation is logged
+            self.warn(e, f"run_stop's time_ms {t} is earlier than the last eval_accuracy's ({last_eval})")
         if e.key == K.RUN_STOP:
-            before.append((self.key_ms.get(K.EVAL_ACCURACY), "the last eval_accuracy's"))
+            self.run_stop_ms = t
         if e.key in INTERVAL_STARTS:  # an interval ends after it started
             before.append((self.key_ms.get(INTERVAL_STARTS[e.key]), f"its {INTERVAL_STARTS[e.key]}'s"))
         for earlier, whose in before:
@@ -283,11 +347,17 @@ class Rules:
             if name not in e.metadata:
                 continue
             value = e.metadata[name]
-            if not _is_count(value):
+            if not _is_counts(value):
                 return f"{e.key}'s {name} is {json.dumps(value)[:40]}, not a number from 0 to {MAX_SAMPLES:.0e}"
+            if isinstance(value, list):
+                continue  # [epoch, step]: no one order to keep
             previous = self.counts.get((e.key, name))
             if previous is not None and value < previous:
                 return f"{e.key}'s {name} {value} is below the previous {e.key}'s {previous}"
+            if (e.key == K.EVAL_ACCURACY and name == K.EPOCH_NUM and previous == value
+                    and self._counts_samples(value)):
+                return (f"a second evaluation at epoch_num {value:,} (samples trained): no published log "
+                        "evaluates twice at one sample count")
             self.counts[(e.key, name)] = value
         if e.key == K.RUN_STOP and not isinstance(e.metadata.get(K.STATUS), str):
             return f"run_stop's status is {json.dumps(e.metadata.get(K.STATUS))[:40]}, not a word"
@@ -306,6 +376,15 @@ class Rules:
         elif e.key in NUMBER_VALUES:
             if not _is_number(v):
                 return f"{e.key} is {json.dumps(v)[:40]}, not a number"
+        if e.key in POSITIVE_VALUES and _is_number(v) and v <= 0:
+            return f"{e.key} is {v}: a BERT run needs it above 0"
+        if e.key == K.GLOBAL_BATCH_SIZE and _is_number(v):
+            if v > MAX_GLOBAL_BATCH:
+                return (f"global_batch_size is {v:,}: more than {MAX_GLOBAL_BATCH:,} sequences (60 times the "
+                        "largest published batch)")
+            self.global_batch_size = v
+        elif e.key == K.TRAIN_SAMPLES and _is_number(v):
+            self.train_samples = v
         elif e.key in STRING_VALUES:
             if not isinstance(v, str):
                 return f"{e.key} is {json.dumps(v)[:40]}, not a string"
@@ -314,8 +393,6 @@ class Rules:
         return None
 
     def _order(self, e: Event) -> str | None:
-        if self.run_stop is not None and e.key not in AFTER_RUN_STOP:
-            return f"{e.key} after run_stop (line {self.run_stop})"
         if e.key == K.RUN_START:
             if self.run_start is not None:
                 return f"a second run_start (the first is on line {self.run_start})"
@@ -326,9 +403,10 @@ class Rules:
             if e.metadata.get(K.STATUS) == "success" and self.evals:
                 final = self.evals[-1][1]
                 earlier = next(((line, acc) for line, acc in self.evals[:-1] if acc >= final), None)
-                if earlier:  # a run stops at the first evaluation that reaches its target
-                    return (f"evaluations after convergence: line {earlier[0]} already reached the final "
-                            f"accuracy {final}")
+                if earlier:  # a run stops at the first evaluation that reaches its target; Google's
+                    # published v1.1 TPU logs go on evaluating (the time to train only grows)
+                    self.warn(e, f"evaluations after convergence: line {earlier[0]} already reached the final "
+                                 f"accuracy {final}")
             self.run_stop = e.line
         elif e.key == K.EVAL_ACCURACY:
             self.evals.append((e.line, e.value))

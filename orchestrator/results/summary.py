@@ -33,6 +33,7 @@ class RunSummary:
     damaged: list[tuple[int, str]] = field(default_factory=list)  # (line, why): lines that are no event
     problem: str | None = None  # "line N: the first rule the events break"; damaged lines first
     incomplete: str | None = None  # "line N: no run_start" / "no run_stop": what a finished log lacks
+    warnings: list[str] = field(default_factory=list)  # "line N: why": doubts published, accepted logs share
     samples: int | None = None  # the furthest sample count any event reports
     evals: list[tuple[int, float]] = field(default_factory=list)  # (epoch_num = samples, accuracy)
     eval_times_ms: list[float] = field(default_factory=list)  # when each of `evals` was logged
@@ -167,6 +168,7 @@ def summarize(path: str | Path) -> RunSummary:
     summary.damaged = log.damaged
     summary.problem = log.problem_text
     summary.incomplete = log.incomplete()
+    summary.warnings = [f"line {line}: {why}" for line, why in log.warnings]
     summary.events = len(log.events) + len(log.damaged) + (1 if log.problem else 0)
     for e in log.events:  # each one passed resultlog's rules: numbers are finite and well typed
         summary.keys.add(e.key)
