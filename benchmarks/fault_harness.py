@@ -151,8 +151,8 @@ def undo_fixes() -> None:
 
     global FIXED
     FIXED = False
-    trainer.train.rewind_log = lambda log, position: 0
-    trainer.train.logged_run_stop = lambda path: None
+    trainer.loop.train.rewind_log = lambda log, position: 0
+    trainer.loop.train.logged_run_stop = lambda path: None
 
 
 def resume(recipe: Path, folder: Path, result: Path) -> str:

@@ -91,17 +91,18 @@ def out_problem(out: str) -> str | None:
     folder = Path(out)
     if folder.exists() and not folder.is_dir():
         return f"--out {out}: is a file, not a folder"
-    made = not folder.exists()
+    made = next((p for p in reversed([folder, *folder.absolute().parents]) if not p.exists()), None)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         probe = folder / ".write-probe"
         probe.write_text("probe")
         probe.unlink()
+        return None
     except OSError as e:
-        if made:
-            shutil.rmtree(folder, ignore_errors=True)
         return f"--out {out}: cannot write there: {e.strerror or e}"
-    return None
+    finally:  # a refusal leaves nothing behind; the suite makes the folder again when it runs
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
 
 
 def run_child_stage(args: argparse.Namespace) -> int:

@@ -78,7 +78,7 @@ def test_without_the_rewind_the_same_kill_doubles_the_evaluation(reference, monk
     evaluation a second time (what happened before the fix)."""
     import trainer.loop.train
 
-    monkeypatch.setattr(trainer.train, "rewind_log", lambda log, position: 0)
+    monkeypatch.setattr(trainer.loop.train, "rewind_log", lambda log, position: 0)
     _, _, _, log, positions = reference
     verdict, _ = outcome(reference, crash_after(log, positions, line_ends(log, "eval_accuracy")[1]))
     assert verdict.startswith("doubled: "), verdict

@@ -80,7 +80,8 @@ def test_a_prediction_out_of_bounds_is_refused(monkeypatch):
         def as_json(self):
             return {"minutes": -3.0, "step_s": math.inf}
 
-    monkeypatch.setattr(predict, "from_preflight", lambda reports, run: Absurd())
+    monkeypatch.setattr(predict, "earlier_converged_samples", lambda run: [])
+    monkeypatch.setattr(predict, "from_preflight", lambda reports, run, converged: Absurd())
     assert preflight.predicted_time({}, None) == {"error": "the figures predict nothing sensible (minutes is -3.0)"}
 
 

@@ -314,14 +314,14 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(f"{args.config}: {key}: {message}")
     except (yaml.YAMLError, TypeError) as e:
         return _fail(f"{args.config}: not a run configuration ({str(e).splitlines()[0]})")
-    if ended := logged_run_stop(args.result_log):
-        # its result is in (a crash after run_stop, then a resume): training on would log a second run_stop
-        print(f"{args.result_log}: the run already ended (run_stop {ended}): nothing to do", flush=True)
-        return 0
     trainer = None
     try:
         with built_once(cfg, args.once) as needed:
             if not needed:
+                return 0
+            if ended := logged_run_stop(args.result_log):
+                # its result is in (a crash after run_stop, then a resume): training on would log a second run_stop
+                print(f"{args.result_log}: the run already ended (run_stop {ended}): nothing to do", flush=True)
                 return 0
             trainer = Trainer(cfg, args)
             return trainer.run()
