@@ -328,10 +328,12 @@ def cmd_preflight(args: argparse.Namespace) -> int:
     from orchestrator.checks import preflight
     from orchestrator.config.clusters import load_cluster
 
-    preflight.check_threshold(args.threshold)  # before anything is submitted
+    if args.threshold is not None:
+        preflight.check_threshold(args.threshold)  # before anything is submitted
     cluster = load_cluster(args.cluster, args.override)
+    threshold = cluster.config.preflight.threshold if args.threshold is None else args.threshold
     preflight.check_settings(os.environ)
-    exp, verdict = preflight.run(cluster, args.threshold, say_line)
+    exp, verdict = preflight.run(cluster, threshold, say_line)
     if args.json:
         print(preflight.strict_json(verdict.as_json()))
     else:
@@ -478,8 +480,9 @@ def preflight_args(p: argparse.ArgumentParser) -> None:
                    help="a cluster name (see `bertctl clusters`) or a YAML file").completer = complete_clusters
     p.add_argument("-o", dest="override", action="append", default=[], metavar="KEY.PATH=VALUE",
                    help="override one value of the cluster file (repeatable)").completer = complete_keys
-    p.add_argument("--threshold", type=float, default=10.0, metavar="N",
-                   help="flag a node N %% or more below the median node on any measure (default 10)")
+    p.add_argument("--threshold", type=float, default=None, metavar="N",
+                   help="flag a node N %% or more below the median node on any measure "
+                        "(default: the cluster's preflight.threshold, 10 unless it says otherwise)")
     p.add_argument("--json", action="store_true", help="one JSON object on stdout instead of the tables")
 
 

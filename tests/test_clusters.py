@@ -105,7 +105,7 @@ def test_user_cluster_folder_comes_first(tmp_path, monkeypatch):
     ("name: x\n  bad: [indent", "invalid YAML"),
     ("- a\n- b\n", "expected a mapping of keys at the top level, got list"),
     ("name: x\n", "resources: required key is missing"),
-    ("name: x\nresoruces: {}\n", "unknown key 'resoruces' (valid keys here: container, description, executor, experiments_dir, name, node, prepare, resources, run, slurm, system)"),
+    ("name: x\nresoruces: {}\n", "unknown key 'resoruces' (valid keys here: container, description, executor, experiments_dir, name, node, preflight, prepare, resources, run, slurm, system)"),
 ])
 def test_malformed_files_give_one_line_with_the_file(tmp_path, content, message):
     path = tmp_path / "bad.yaml"

@@ -158,6 +158,14 @@ def test_a_threshold_out_of_range_is_one_line_exit_2_and_nothing_is_submitted(th
     assert not (bertctl_home / "experiments").exists()
 
 
+def test_a_clusters_threshold_out_of_range_is_one_line_exit_2_naming_the_key(bertctl_home):
+    result = run_cli("preflight", "--cluster", "local", "-o", "preflight.threshold=100")
+    assert result.code == 2 and result.out == ""
+    (line,) = result.err.strip().splitlines()
+    assert line.startswith("bertctl: error: ") and "preflight.threshold" in line and "100" in line
+    assert not (bertctl_home / "experiments").exists()
+
+
 def test_an_unreachable_cluster_is_one_line_exit_2(tmp_path, bertctl_home):
     """A Slurm cluster from a machine where sbatch cannot be found: one line, nothing left behind."""
     result = run_bertctl("preflight", "--cluster", "ci_slurm", env={"PATH": str(tmp_path)})

@@ -39,6 +39,8 @@ def test_preflight_on_the_ci_slurm_cluster_as_typed(slurm, bertctl_home):
     result = run_bertctl("preflight", "--cluster", "ci_slurm", env=SHORT, timeout=600)
     assert result.code == 0, result.err[-3000:] + result.out[-3000:]
     written = figures(bertctl_home)
+    # the cluster file's preflight.threshold (its two nodes share two cores), not the default 10
+    assert written["threshold"] == 50 and "no node flagged (threshold 50 % below the median)" in result.out
     assert written["flagged"] == [] and len(written["ranks"]) == 4
     for rank in written["ranks"]:
         assert rank["errors"] == {} and rank["measures"]["allreduce_world"]["ranks"] == 4

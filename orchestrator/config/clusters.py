@@ -333,6 +333,12 @@ class Prerequisites(Section):
     phase1: Optional[PhaseOne] = None
 
 
+class PreflightConfig(Section):
+    # `bertctl preflight` flags a node this % or more below the median node on any measure; a cluster
+    # whose nodes share cores or disks (ci_slurm) measures noise wider than the 10 % a real cluster allows
+    threshold: float = Field(10.0, gt=0, lt=100)
+
+
 class ClusterConfig(Section):
     name: str
     description: OneLine = ""
@@ -346,6 +352,7 @@ class ClusterConfig(Section):
     # the system description of an MLPerf submission (bertctl package); optional until you package
     system: Optional[SystemDescription] = None
     prepare: Prerequisites = Prerequisites()
+    preflight: PreflightConfig = PreflightConfig()
     run: RunConfig
 
     @model_validator(mode="before")
