@@ -161,7 +161,10 @@ def finish(report: Report) -> dict:
     report.write()
     short = {k: report.data[k] for k in ("rank", "node")} | {
         name: round(v["value"], 4) for name, v in report.data["measures"].items()} | {"errors": report.data["errors"]}
-    print(MARKER + json.dumps(short, sort_keys=True), flush=True)
+    # one write of the whole line: the ranks share one stdout (torchrun's children), and print's separate
+    # write of the newline let two ranks' lines run together on an unbuffered stream
+    sys.stdout.flush()
+    os.write(sys.stdout.fileno(), (MARKER + json.dumps(short, sort_keys=True) + "\n").encode())
     return report.data
 
 
