@@ -136,6 +136,22 @@ def test_the_start_up_is_preflights_first_batch_of_the_slowest_rank():
     assert p.overhead_s == 4.0 and p.minutes == pytest.approx((4.0 + p.evals * p.interval_s) / 60)
 
 
+def test_preflights_timed_first_step_and_evaluation_replace_the_estimates():
+    """A report that timed the first step and one whole evaluation (trainer/launch/preflight_measures.py):
+    the start-up is the slowest rank's first step beyond the steady step, the eval its slowest whole eval."""
+    first, second = rank_report(0.030, 100.0), rank_report(0.025, 100.0)
+    first["measures"]["train_compute"] |= {"first_step_s": 1.2, "eval_s": 0.9, "first_batch_s": 0.1}
+    second["measures"]["train_compute"] |= {"first_step_s": 0.5, "eval_s": 1.1}
+    p = predict.from_preflight({0: first, 1: second}, recipe_128x8())
+    assert p.overhead_s == pytest.approx(1.2 - p.step_s) and p.eval_s == 1.1
+    assert p.interval_s == pytest.approx(p.interval_steps * p.step_s + 1.1)
+    assert any("with the run's evaluator" in a for a in p.assumptions)
+    assert any("first step after the warm-up (1.20 s" in a for a in p.assumptions)
+    first["measures"]["train_compute"]["first_step_s"] = 0.01  # faster than a steady step: no start-up, not less
+    second["measures"]["train_compute"]["first_step_s"] = 0.02
+    assert predict.from_preflight({0: first, 1: second}, recipe_128x8()).overhead_s == 0.0
+
+
 def test_a_small_model_to_its_own_target_trains_its_budget_or_what_its_earlier_runs_needed():
     """The local recipe (2 layers, target 0.13) is not BERT-large to 0.720: its RCP would ask for 2.4
     million samples (preflight predicted 24,000 minutes for a run of ~2); its budget is 8,000."""

@@ -22,11 +22,14 @@ evaluating every eval interval, so
   bytes at preflight's measured all-ranks algorithm bandwidth (at DDP's bucket size). The compute
   figure leaves the optimizer update out, and preflight also times whole synchronous steps on the same
   allocation (`train_step`: optimizer and real all-reduce included): the step is the larger of the two.
-- Eval time (`eval_time`, from preflight): the eval set split over all ranks, one forward per sample
-  at a third of a training sample's compute (forward = 1/3 of forward + backward FLOPs).
-- Overhead: time in the timed region outside steady intervals (the first interval's warm-up, the
-  tail after the last eval). Preflight does not measure it (its steps come after the trainer's
-  warm-up): 0 there, and said so. Published logs give it (`from_published`).
+- Eval time (`evaluation_time`): preflight times one whole evaluation with the run's own evaluator
+  (its share of the eval set on each rank, the accuracy summed over ranks); without that figure, the
+  eval set split over all ranks, one forward per sample at a third of a training sample's compute
+  (forward = 1/3 of forward + backward FLOPs).
+- Overhead (`start_up_time`): time in the timed region outside steady intervals. Preflight times the
+  first step after the trainer's warm-up (the data pipeline starting, the kernels' and allocator's
+  first calls) and the overhead is what it costs beyond a steady step. Published logs give it
+  (`from_published`).
 
 `from_published` applies the same model to a published result set (throughput and overhead from its
 logs, samples from the RCP) so the model can be checked against published scores (tests/test_predict.py,
@@ -206,7 +209,7 @@ def from_preflight(reports: dict[int, dict], run, earlier: list[float] = ()) -> 
              if "algbw" in rep.get("measures", {}).get("allreduce_world", {})]
     assumptions = [f"compute: the slowest rank's (rank {slowest}), {computes[slowest] * 1e3:.1f} ms per step of "
                    f"{run.train.batch_size} x {run.train.gradient_accumulation_steps} sequences"]
-    measured = max((rep["measures"]["train_step"]["step_s"] for rep in reports.values()
+    measured = max((typical_step(rep["measures"]["train_step"]) for rep in reports.values()
                     if "step_s" in rep.get("measures", {}).get("train_step", {})), default=0.0)
     if world > 1 and not rates:
         raise NoPrediction("no all-ranks all-reduce was measured (allreduce_world)")
@@ -226,13 +229,11 @@ def from_preflight(reports: dict[int, dict], run, earlier: list[float] = ()) -> 
     assumptions.append(
         f"step: {parts['step_s'] * 1e3:.1f} ms, the larger of the model ({modeled * 1e3:.1f} ms: compute + exposed "
         f"all-reduce, no optimizer) and preflight's synchronous step on this allocation ({measured * 1e3:.1f} ms, "
-        "optimizer and real all-reduce included; its slowest rank's best step)")
-    per_step = run.train.global_batch_size / world  # sequences, also when a row is a pack of several
-    eval_s = eval_time(computes[slowest], per_step, run.data.eval_samples, world)
+        "optimizer and real all-reduce included; its slowest rank's mean step)")
+    eval_s, eval_how = evaluation_time(reports, run, computes[slowest])
     rcp = samples_to_converge(run, list(earlier))
     steps = interval_steps(rcp.global_batch, run.train.eval_interval)
-    startup_s = max((rep["measures"]["train_compute"].get("first_batch_s", 0.0) for rep in reports.values()
-                     if "train_compute" in rep.get("measures", {})), default=0.0)
+    startup_s, startup_how = start_up_time(reports, parts["step_s"])
     prediction = time_to_train(rcp, run.train.eval_interval, steps * parts["step_s"] + eval_s, startup_s)
     prediction.step_s, prediction.eval_s, prediction.detail = parts["step_s"], eval_s, parts
     prediction.assumptions = assumptions + [
@@ -241,13 +242,44 @@ def from_preflight(reports: dict[int, dict], run, earlier: list[float] = ()) -> 
          if rcp.how.startswith("RCP") else f"samples to converge: {rcp.samples:,.0f}, {rcp.how}"),
         f"evaluations: every {run.train.eval_interval:,} samples = {steps:.2f} steps; {prediction.evals:.2f} of them "
         "on average (samples to converge are counted at eval points: not rounded up)",
-        f"eval: {run.data.eval_samples:,} samples over {world} rank(s), forward only at 1/3 of a training "
-        f"sample's compute = {eval_s * 1e3:.1f} ms each (preflight does not run an eval)",
-        f"start-up: {startup_s:.2f} s, preflight's first batch after the warm-up (the data pipeline starting: inside "
-        "the timed region); the warm-up and init come before run_start, outside it",
+        f"eval: {run.data.eval_samples:,} samples over {world} rank(s): {eval_s * 1e3:.1f} ms each, {eval_how}",
+        f"start-up: {startup_s:.2f} s, {startup_how} (inside the timed region; the warm-up and init come before "
+        "run_start, outside it)",
         "no node slower than preflight measured it, no skipped (fp16 overflow) steps",
     ]
     return prediction
+
+
+def typical_step(train_step: dict) -> float:
+    """The mean of preflight's timed steps: a run's time is the sum of its steps, and unpadded batches
+    differ in tokens, so the best step (the figure nodes are compared by) is the lightest batch's."""
+    return statistics.mean(train_step["steps_s"]) if train_step.get("steps_s") else train_step["step_s"]
+
+
+def measured(reports: dict[int, dict], key: str) -> list[float]:
+    """Every rank's `key` of its train_compute figure, where it has one."""
+    return [rep["measures"]["train_compute"][key] for rep in reports.values()
+            if key in rep.get("measures", {}).get("train_compute", {})]
+
+
+def evaluation_time(reports: dict[int, dict], run, compute_s: float) -> tuple[float, str]:
+    """The slowest rank's whole evaluation as preflight timed it (the trainer's own evaluator); from the
+    step's compute where no rank timed one (forward only: 1/3 of a training sample's compute)."""
+    if timed := measured(reports, "eval_s"):
+        return max(timed), "preflight's evaluation with the run's evaluator (its slowest rank)"
+    per_step = run.train.global_batch_size / run.world_size  # sequences, also when a row is a pack of several
+    return (eval_time(compute_s, per_step, run.data.eval_samples, run.world_size),
+            "forward only at 1/3 of a training sample's compute (preflight timed no eval)")
+
+
+def start_up_time(reports: dict[int, dict], step_s: float) -> tuple[float, str]:
+    """What the run's first step costs beyond a steady one: preflight's first step after the warm-up (the
+    data pipeline starting, the kernels' first calls), on its slowest rank; its first batch alone where
+    the reports predate the first step's timing."""
+    if firsts := measured(reports, "first_step_s"):
+        return max(0.0, max(firsts) - step_s), (f"preflight's first step after the warm-up ({max(firsts):.2f} s, "
+                                                "its slowest rank) beyond a steady step")
+    return max(measured(reports, "first_batch_s"), default=0.0), "preflight's first batch after the warm-up"
 
 
 # ---- from a published result set's logs --------------------------------------------------------

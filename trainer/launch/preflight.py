@@ -177,8 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=float, default=float(os.environ.get("BERTCTL_PREFLIGHT_WINDOW", "1.0")),
                         help="seconds per timing window (each figure is the best of --windows windows)")
     parser.add_argument("--windows", type=int, default=int(os.environ.get("BERTCTL_PREFLIGHT_WINDOWS", "3")))
-    parser.add_argument("--steps", type=int, default=int(os.environ.get("BERTCTL_PREFLIGHT_STEPS", "5")),
-                        help="training steps timed (after the trainer's warm-up)")
+    parser.add_argument("--steps", type=int, default=int(os.environ.get("BERTCTL_PREFLIGHT_STEPS", "10")),
+                        help="training steps timed (after the trainer's warm-up and its first step): the best "
+                             "compares nodes, the mean predicts the run")
     args = parser.parse_args(argv)
     from trainer.parallel import distributed
 

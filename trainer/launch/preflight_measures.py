@@ -251,7 +251,8 @@ def pair_rounds(nodes: int) -> list[list[tuple[int, int]]]:
 def train_steps(cfg, out: str, run_index: int, seed: int, steps: int, timing: Timing) -> tuple[Figure, Figure]:
     """Real steps of the recipe after the trainer's own warm-up: `steps` synchronous steps (samples/s of
     the best), and the compute of one step's batches alone, forward and backward under DDP's no_sync
-    (no collective), timed in windows like the other figures."""
+    (no collective), timed in windows like the other figures; beside it the first step (data pipeline
+    starting) and one whole evaluation, each timed once as the run pays them."""
     from trainer.loop.train import RunArgs, Trainer
 
     # checkpoints in the preflight's own folder: never resume from, or write to, the run's; random weights
@@ -262,12 +263,15 @@ def train_steps(cfg, out: str, run_index: int, seed: int, steps: int, timing: Ti
     device, per_step = trainer.device, cfg.train.batch_size * cfg.train.gradient_accumulation_steps
     try:
         trainer.warm_up()
-        # the first batch after the warm-up starts the data pipeline (workers, shards): the run pays it
-        # once inside its timed region, the prediction's start-up
+        # the first step after the warm-up starts the data pipeline (workers, shards) and meets the kernels'
+        # and the allocator's first calls: the run pays it once inside its timed region, the prediction's
+        # start-up (what it costs beyond a steady step)
         started = time.perf_counter()
         first = trainer.next_micro_batches()
         first_batch_s = time.perf_counter() - started
         trainer.train_step(first)
+        synchronize(device)
+        first_step_s = time.perf_counter() - started
         step_s = []
         for _ in range(steps):
             batches = trainer.next_micro_batches()
@@ -285,8 +289,22 @@ def train_steps(cfg, out: str, run_index: int, seed: int, steps: int, timing: Ti
             trainer.optimizer.zero_grad()
 
         rate, repeats = best_rate(compute, per_step, device, timing)
+        eval_s = whole_eval_s(trainer, device)
     finally:
         trainer.close()
     step = min(step_s)
     return (Figure(per_step / step, "samples/s", {"step_s": step, "steps_s": step_s}),
-            Figure(rate, "samples/s", {"compute_s": per_step / rate, "repeats": repeats, "first_batch_s": first_batch_s}))
+            Figure(rate, "samples/s", {"compute_s": per_step / rate, "repeats": repeats, "first_batch_s": first_batch_s,
+                                       "first_step_s": first_step_s} | ({"eval_s": eval_s} if eval_s is not None else {})))
+
+
+def whole_eval_s(trainer, device: torch.device) -> float | None:
+    """One evaluation as the run makes it (the trainer's own evaluator: this rank's share of the eval set,
+    the accuracy summed over ranks); None when the recipe has no eval set."""
+    if trainer.evaluator is None:
+        return None
+    synchronize(device)
+    started = time.perf_counter()
+    trainer.evaluator.accuracy(trainer.model, trainer.autocast)
+    synchronize(device)
+    return time.perf_counter() - started
