@@ -11,11 +11,12 @@
 In the $BERTCTL_HOME it is given (default: the user's), it runs `bertctl preflight --cluster C --json`,
 then `bertctl submit --cluster C --nexp N --follow` (the same recipe), and sets the prediction beside
 what the runs' own logs measured, term by term:
-- step: the prediction's step (compute, exposed all-reduce; or preflight's synchronous step when
-  longer) against the steady step of the logs (blocks after the first: block_start..block_stop over
+- step: the prediction's step (compute, exposed all-reduce; or the mean of preflight's synchronous
+  steps when longer) against the steady step of the logs (blocks after the first: block_start..block_stop over
   their steps), and the trainer's own compute estimate (metrics: rank_compute_s, 3x the forward);
-- eval: the prediction's eval against block_stop..eval_stop of each evaluation;
-- start-up: preflight's first batch against the first block's time beyond its steady steps plus the
+- eval: the prediction's eval (preflight's whole evaluation with the run's evaluator) against
+  block_stop..eval_stop of each evaluation;
+- start-up: preflight's first step beyond a steady step against the first block's time beyond its steady steps plus the
   tail after the last eval;
 - evaluations: the prediction's samples to converge / eval interval against the runs' evals;
 - minutes: the prediction against each run's run_start..run_stop and their mean.
@@ -136,7 +137,7 @@ def report(p: dict, runs: list[dict], exp: str) -> None:
           f"the runs: {', '.join(str(r['samples']) for r in runs)}")
     rows = [
         ("compute per step (s)", d["compute_s"], mean.get("compute_s"), "trainer's estimate: 3x forward"),
-        ("exposed all-reduce (s)", d["allreduce_exposed_s"], None, "not separable in the log (one rank: none)"),
+        ("exposed all-reduce (s)", d["allreduce_exposed_s"], None, "not separable in the log (part of the step)"),
         ("step (s)", p["step_s"], mean["step_s"], "steady blocks, data and optimizer included"),
         ("eval (s)", p["eval_s"], mean["eval_s"], "block_stop..eval_stop"),
         ("start-up (s)", p["overhead_s"], mean["startup_s"], "first block beyond its steady steps + tail"),
