@@ -83,6 +83,37 @@ def slurm() -> None:
     )
 
 
+def pytest_collection_modifyitems(config, items) -> None:
+    """Under pytest-xdist (`make test` runs `-n 2 --dist loadgroup`), whole files go to one worker, so a
+    module's fixtures are built once, and every file that uses the Slurm cluster goes to the same worker:
+    its jobs would otherwise queue behind another test's on the two nodes and run out their waits."""
+    uses_slurm = {item.path for item in items if item.get_closest_marker("slurm") or "slurm" in item.fixturenames}
+    for item in items:
+        group = "slurm" if item.path in uses_slurm else item.path.name
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
+def shared_between_workers(tmp_path_factory, name: str, build) -> Path:
+    """`build(folder)` once per test run, not once per xdist worker: the first worker builds under a lock
+    in the run's common temporary folder, the others wait for it and reuse the folder."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        folder = tmp_path_factory.mktemp(name)
+        build(folder)
+        return folder
+    import fcntl
+
+    root = tmp_path_factory.getbasetemp().parent
+    folder, done = root / name, root / f"{name}.done"
+    with open(root / f"{name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            shutil.rmtree(folder, ignore_errors=True)  # a worker that failed half-way
+            folder.mkdir()
+            build(folder)
+            done.touch()
+    return folder
+
+
 def wait(predicate, timeout: float, what: str, every: float = 0.3) -> None:
     """Poll `predicate` until it holds; fail naming `what` after `timeout` seconds."""
     end = time.time() + timeout

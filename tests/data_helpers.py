@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from conftest import REPO
+from conftest import REPO, shared_between_workers
 
 from trainer.data.layout import Shard
 
@@ -37,15 +37,18 @@ def worker(*args: str, timeout: float = 120, **kwargs) -> subprocess.CompletedPr
 
 
 def sample_home(tmp_path_factory) -> Path:
-    """$BERTCTL_HOME holding the full sample dataset, built once by `bertctl data prepare --dataset sample`."""
+    """$BERTCTL_HOME holding the full sample dataset, built once per test run (every xdist worker shares
+    it) by `bertctl data prepare --dataset sample`."""
     global _SAMPLE_HOME
     if _SAMPLE_HOME is None:
-        home = tmp_path_factory.mktemp("sample-home")
-        result = bertctl("data", "prepare", "--dataset", "sample", home=home)
-        assert result.returncode == 0, result.stderr
-        assert result.stdout.strip() == str(home / "datasets" / "sample")
-        _SAMPLE_HOME = home
+        _SAMPLE_HOME = shared_between_workers(tmp_path_factory, "sample-home", build_sample)
     return _SAMPLE_HOME
+
+
+def build_sample(home: Path) -> None:
+    result = bertctl("data", "prepare", "--dataset", "sample", home=home)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == str(home / "datasets" / "sample")
 
 
 def home_with_sample(tmp_path_factory, name: str) -> Path:

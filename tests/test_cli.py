@@ -8,6 +8,7 @@ import pytest
 from conftest import REPO, run_cli
 
 
+@pytest.mark.serial  # a bound on seconds: alone, not beside another test's load
 def test_help_is_instant_and_imports_no_torch():
     code = ("import sys, time; t = time.perf_counter(); from orchestrator.cli import main\n"
             "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"

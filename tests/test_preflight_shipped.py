@@ -12,6 +12,9 @@ from conftest import run_bertctl
 
 SHORT = {"BERTCTL_PREFLIGHT_WINDOW": "0.3", "BERTCTL_PREFLIGHT_WINDOWS": "2", "BERTCTL_PREFLIGHT_STEPS": "2"}
 
+# serial: preflight compares measured speeds between nodes, which another test's load would skew
+pytestmark = pytest.mark.serial
+
 
 def figures(bertctl_home) -> dict:
     (exp_dir,) = (bertctl_home / "experiments").iterdir()

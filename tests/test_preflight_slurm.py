@@ -29,7 +29,8 @@ from synthetic import ci_slurm_on_shards as overrides
 from synthetic import write_dataset
 from throttle import Throttle, Unavailable
 
-pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.usefixtures("slurm")]
+# serial: its verdicts compare the two nodes' measured speeds, which another test's load would skew
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.serial, pytest.mark.usefixtures("slurm")]
 
 # Two, not three: each preflight takes about a minute, and a verdict that holds twice in a row, with and
 # without the throttle, already shows it is not one lucky draw (CI time: issue 38)

@@ -14,6 +14,9 @@ from test_preflight_slurm import overrides, shards, throttled  # noqa: F401 (sha
 from orchestrator.jobs.status import last_straggler
 from trainer.loop.stragglers import straggler
 
+# serial: preflight compares measured speeds between nodes, which another test's load would skew
+pytestmark = pytest.mark.serial
+
 
 def test_the_rank_with_the_most_compute_is_named_only_past_the_threshold():
     nodes = ["node1", "node1", "node2", "node2"]

@@ -82,7 +82,13 @@ def test_make_targets_are_the_readme_commands():
     makefile = (REPO / "Makefile").read_text()
     demo = re.search(r"^demo: env\n\t(.+)$", makefile, re.M).group(1)
     assert demo == "$(BIN)/" + " ".join(["bertctl", *MAIN_JOB])
-    assert re.search(r"^test: env\n\t\$\(BIN\)/ruff check \.\n\t\$\(BIN\)/python -m pytest$", makefile, re.M)
+    test = re.search(r"^test: env\n((?:\t.+\n)+)", makefile, re.M).group(1)
+    # ruff, then the whole suite: the bulk and the serial tests are complements, and both must pass
+    assert test.splitlines() == [
+        "\t$(BIN)/ruff check .",
+        '\t$(BIN)/python -m pytest -n 2 --dist loadgroup -m "not serial"; bulk=$$?; \\',
+        "\t$(BIN)/python -m pytest -m serial; serial=$$?; \\",
+        "\ttest $$bulk -eq 0 -a $$serial -eq 0"]
     assert "make test" in (REPO / ".ci" / "run").read_text()
 
 
