@@ -83,12 +83,16 @@ def slurm() -> None:
     )
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (it appends them to the node ids)
 def pytest_collection_modifyitems(config, items) -> None:
-    """Under pytest-xdist (`make test` runs `-n 2 --dist loadgroup`), whole files go to one worker, so a
+    """Under pytest-xdist (`make test` runs `-n 3 --dist loadgroup`), whole files go to one worker, so a
     module's fixtures are built once, and every file that uses the Slurm cluster goes to the same worker:
-    its jobs would otherwise queue behind another test's on the two nodes and run out their waits."""
+    its jobs would otherwise queue behind another test's on the two nodes and run out their waits. A test
+    marked with its own xdist_group keeps it."""
     uses_slurm = {item.path for item in items if item.get_closest_marker("slurm") or "slurm" in item.fixturenames}
     for item in items:
+        if item.get_closest_marker("xdist_group"):  # a test that says where it runs (tests/test_demo.py)
+            continue
         group = "slurm" if item.path in uses_slurm else item.path.name
         item.add_marker(pytest.mark.xdist_group(group))
 

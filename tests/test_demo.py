@@ -5,9 +5,12 @@
   checkpoint, runs two phase-2 runs through the local executor, checks them with the official MLPerf
   checker and draws the convergence plot;
 - on the CI's real Slurm: the same experiment as a 2-node job with 2 gloo ranks per node, exchange
-  padding and bucket-wise clipping, followed through sacct, its log streamed, its runs checked.
+  padding and bucket-wise clipping, its phase 1 trained by the job's prepare step on the cluster,
+  followed through sacct, its log streamed, its runs checked.
 
-Both share one $BERTCTL_HOME, so the dataset and phase 1 are built once for the session.
+Each has its own $BERTCTL_HOME (a copy of the session's sample build), so under `make test`'s xdist
+workers the local job runs on one while the Slurm experiment, with every other Slurm test, runs on
+another (tests/conftest.py): neither waits for the other's phase 1.
 """
 
 import json
@@ -38,7 +41,15 @@ def local_demo(demo_home):
     return result, time.time() - started
 
 
+@pytest.fixture(scope="session")
+def slurm_demo_home(tmp_path_factory) -> Path:
+    from data_helpers import home_with_sample
+
+    return home_with_sample(tmp_path_factory, "slurm-demo-home")
+
+
 @pytest.mark.slow
+@pytest.mark.xdist_group("demo-local")  # not the Slurm worker's (tests/conftest.py): it needs no cluster
 def test_the_main_job_trains_bert_in_two_phases_and_checks_it(local_demo, demo_home):
     result, seconds = local_demo
     assert result.code == 0, result.err[-3000:]
@@ -72,7 +83,8 @@ def test_the_main_job_trains_bert_in_two_phases_and_checks_it(local_demo, demo_h
 
 @pytest.mark.slow
 @pytest.mark.slurm
-def test_the_same_experiment_on_the_ci_slurm_cluster(slurm, local_demo, demo_home):
+def test_the_same_experiment_on_the_ci_slurm_cluster(slurm, slurm_demo_home):
+    demo_home = slurm_demo_home
     env = {"BERTCTL_HOME": str(demo_home)}
     submitted = run_bertctl("submit", "--cluster", "ci_slurm", "--nexp", "2", env=env)
     assert submitted.code == 0, submitted.err
@@ -89,6 +101,10 @@ def test_the_same_experiment_on_the_ci_slurm_cluster(slurm, local_demo, demo_hom
         time.sleep(1)
     assert states[-1] == "COMPLETED", (states, view)
     assert [r["nodes"] for r in view["runs"]] == [2, 2]
+    # the job's prepare step found the dataset complete and trained phase 1 on the cluster
+    phase1_log = (demo_home / "experiments" / exp_id / "logs" / "phase1.log").read_text()
+    assert "run_stop: aborted (max_steps 200 reached before the target accuracy 0.99)" in phase1_log
+    assert (demo_home / "datasets" / "sample" / "phase1_checkpoint" / "model.pt").is_file()
     run_yaml = (demo_home / "experiments" / exp_id / "run.yaml").read_text()
     assert "exchange_padding: group" in run_yaml and "clip: bucket" in run_yaml
     check = run_bertctl("compliance-check", exp_id, "--no-score", env=env)
