@@ -28,7 +28,7 @@ demo: env
 # every Slurm file on one worker: tests/conftest.py), then the timing-sensitive ones alone on a quiet machine
 test: env
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -n 3 --dist loadgroup --no-loadscope-reorder -m "not serial"; bulk=$$?; \
+	$(BIN)/python -m pytest -n 3 --dist loadgroup -m "not serial"; bulk=$$?; \
 	$(BIN)/python -m pytest -m serial; serial=$$?; \
 	test $$bulk -eq 0 -a $$serial -eq 0
 

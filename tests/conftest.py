@@ -102,29 +102,6 @@ def pytest_collection_modifyitems(config, items) -> None:
             continue
         group = "slurm" if item.path in uses_slurm else item.path.name
         item.add_marker(pytest.mark.xdist_group(group))
-    if "PYTEST_XDIST_WORKER" in os.environ:  # every worker collects, and sorts, the same way
-        items.sort(key=start_order(items))  # stable: each group's tests keep their order
-
-
-# With --no-loadscope-reorder, xdist hands the groups out in the order their first tests come. Its
-# default, the groups with the most tests first, left the README's main job (one test, ~6 minutes
-# alone) for the end of a CI run, where it ran by itself while the other workers had nothing left.
-# The longest groups start first instead: the main job, every Slurm test (one worker, ~15 minutes),
-# then the groups with slow tests, then the rest.
-FIRST_GROUPS = ("demo-local", "slurm")
-
-
-def start_order(items):
-    groups = {item: item.get_closest_marker("xdist_group").args[0] for item in items}
-    slow = {groups[item] for item in items if item.get_closest_marker("slow")}
-
-    def rank(item) -> int:
-        group = groups[item]
-        if group in FIRST_GROUPS:
-            return FIRST_GROUPS.index(group)
-        return len(FIRST_GROUPS) + (group not in slow)
-
-    return rank
 
 
 def shared_between_workers(tmp_path_factory, name: str, build) -> Path:

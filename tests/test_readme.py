@@ -86,7 +86,7 @@ def test_make_targets_are_the_readme_commands():
     # ruff, then the whole suite: the bulk and the serial tests are complements, and both must pass
     assert test.splitlines() == [
         "\t$(BIN)/ruff check .",
-        '\t$(BIN)/python -m pytest -n 3 --dist loadgroup --no-loadscope-reorder -m "not serial"; bulk=$$?; \\',
+        '\t$(BIN)/python -m pytest -n 3 --dist loadgroup -m "not serial"; bulk=$$?; \\',
         "\t$(BIN)/python -m pytest -m serial; serial=$$?; \\",
         "\ttest $$bulk -eq 0 -a $$serial -eq 0"]
     assert "make test" in (REPO / ".ci" / "run").read_text()
