@@ -73,6 +73,23 @@ def test_a_zero_algbw_gives_no_prediction_instead_of_a_zero_division(tmp_path):
     assert "error" in prediction
 
 
+@pytest.mark.parametrize("field, bad", [("eval_s", float("nan")), ("first_step_s", -1.0), ("steps_s", [0.3, math.inf]),
+                                        ("steps_s", []), ("first_batch_s", "slow")])
+def test_a_figure_the_prediction_adds_up_is_checked_too(field, bad):
+    """The timed first step, the whole evaluation and each timed step feed the prediction: one that is not a
+    finite positive number fails its measure on that rank, like the figure's value would."""
+    reports = {r: report(r, f"node{r + 1}", matmul=10.0) for r in range(2)}
+    for r in reports.values():
+        r["measures"]["train_compute"] = {"value": 100.0, "unit": "samples/s", "compute_s": 0.1,
+                                          "first_batch_s": 0.05, "first_step_s": 0.5, "eval_s": 1.0}
+        r["measures"]["train_step"] = {"value": 90.0, "unit": "samples/s", "step_s": 0.11, "steps_s": [0.11, 0.12]}
+    measure = "train_step" if field == "steps_s" else "train_compute"
+    reports[1]["measures"][measure][field] = bad
+    checked, broken = preflight.checked_reports(reports)
+    assert broken == {} and measure in checked[0]["measures"] and measure not in checked[1]["measures"]
+    assert any(f"{field} is" in e and "not a finite positive number" in e for e in checked[1]["errors"].values())
+
+
 def test_a_prediction_out_of_bounds_is_refused(monkeypatch):
     from orchestrator.checks import predict
 

@@ -125,8 +125,10 @@ class Verdict:
 
 RANK_FILE = re.compile(r"rank_(\d{1,9})\.json")
 MAX_RANK_FILE_BYTES = 16 << 20
-# the figures' fields the prediction divides by or adds up (orchestrator/checks/predict.py::from_preflight)
-PREDICTION_FIELDS = {"train_compute": "compute_s", "allreduce_world": "algbw", "train_step": "step_s"}
+# the figures' fields the prediction divides by or adds up (orchestrator/checks/predict.py::from_preflight);
+# a list (each timed step) is checked element by element
+PREDICTION_FIELDS = {"train_compute": ("compute_s", "first_batch_s", "first_step_s", "eval_s"),
+                     "allreduce_world": ("algbw",), "train_step": ("step_s", "steps_s")}
 
 
 def rank_reports(exp_dir: Path) -> dict[int, dict]:
@@ -198,11 +200,12 @@ def figure_problem(measure: str, figure) -> str | None:
         return f"is {json.dumps(figure)[:40]}, not a figure"
     if not isinstance(figure.get("unit"), str) or not figure["unit"]:
         return f"has no unit (unit is {json.dumps(figure.get('unit'))[:40]})"
-    for key in ("value", PREDICTION_FIELDS.get(measure)):
-        if key is None or (key != "value" and key not in figure):
+    for key in ("value", *PREDICTION_FIELDS.get(measure, ())):
+        if key != "value" and key not in figure:
             continue
         value = figure.get(key)
-        if not positive_number(value):
+        values = value if isinstance(value, list) and key == "steps_s" else [value]
+        if not values or not all(positive_number(v) for v in values):
             return f"{key} is {json.dumps(value)[:40]}, not a finite positive number"
     return None
 
