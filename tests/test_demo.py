@@ -4,9 +4,10 @@
   (built once per session by the same command: tests/data_helpers.py::sample_home), trains the phase-1
   checkpoint, runs two phase-2 runs through the local executor, checks them with the official MLPerf
   checker and draws the convergence plot;
-- on the CI's real Slurm: the same experiment as a 2-node job with 2 gloo ranks per node, exchange
+- on the CI's real Slurm: the same recipe as a 2-node job with 2 gloo ranks per node, exchange
   padding and bucket-wise clipping, its phase 1 trained by the job's prepare step on the cluster,
-  followed through sacct, its log streamed, its runs checked.
+  followed through sacct, its log streamed, its run checked. One run, not two: the local job already
+  shows an experiment of several runs, and a second 4-rank run cost ~2 minutes of CI (issue 38).
 
 Each has its own $BERTCTL_HOME (a copy of the session's sample build), so under `make test`'s xdist
 workers the local job runs on one while the Slurm experiment, with every other Slurm test, runs on
@@ -86,10 +87,10 @@ def test_the_main_job_trains_bert_in_two_phases_and_checks_it(local_demo, demo_h
 def test_the_same_experiment_on_the_ci_slurm_cluster(slurm, slurm_demo_home):
     demo_home = slurm_demo_home
     env = {"BERTCTL_HOME": str(demo_home)}
-    submitted = run_bertctl("submit", "--cluster", "ci_slurm", "--nexp", "2", env=env)
+    submitted = run_bertctl("submit", "--cluster", "ci_slurm", "--nexp", "1", env=env)
     assert submitted.code == 0, submitted.err
     exp_id = submitted.out.strip()
-    streamed = run_bertctl("logs", exp_id, "--run", "1", "-f", env=env, timeout=1500)  # waits for run 1 to end
+    streamed = run_bertctl("logs", exp_id, "--run", "0", "-f", env=env, timeout=1500)  # waits for the run to end
     assert streamed.code == 0 and "run_stop: success" in streamed.out
     assert "0: training: 4 rank(s) x 4 x 1 = 16 sequences per step" in streamed.out
     states, deadline = [], time.time() + 300
@@ -100,7 +101,7 @@ def test_the_same_experiment_on_the_ci_slurm_cluster(slurm, slurm_demo_home):
             break
         time.sleep(1)
     assert states[-1] == "COMPLETED", (states, view)
-    assert [r["nodes"] for r in view["runs"]] == [2, 2]
+    assert [r["nodes"] for r in view["runs"]] == [2]
     # the job's prepare step found the dataset complete and trained phase 1 on the cluster
     phase1_log = (demo_home / "experiments" / exp_id / "logs" / "phase1.log").read_text()
     assert "run_stop: aborted (max_steps 200 reached before the target accuracy 0.99)" in phase1_log
@@ -110,7 +111,7 @@ def test_the_same_experiment_on_the_ci_slurm_cluster(slurm, slurm_demo_home):
     check = run_bertctl("compliance-check", exp_id, "--no-score", env=env)
     assert check.code == 0, check.err[-2000:]
     # the README's tour, word for word, on this experiment (the newest: `last`)
-    tour = {"status last": "COMPLETED", "logs last --run 1 --rank 0": "0: run_stop: success",
+    tour = {"status last": "COMPLETED", "logs last --run 0 --rank 0": "0: run_stop: success",
             "compliance-check last --no-score": "PASSED", "plot last": "convergence.png"}
     for command, expected in tour.items():
         result = run_bertctl(*command.split(), env=env)

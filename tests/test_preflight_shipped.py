@@ -12,8 +12,6 @@ from conftest import run_bertctl
 
 SHORT = {"BERTCTL_PREFLIGHT_WINDOW": "0.3", "BERTCTL_PREFLIGHT_WINDOWS": "2", "BERTCTL_PREFLIGHT_STEPS": "2"}
 
-# serial: preflight compares measured speeds between nodes, which another test's load would skew
-pytestmark = pytest.mark.serial
 
 
 def figures(bertctl_home) -> dict:
@@ -21,7 +19,8 @@ def figures(bertctl_home) -> dict:
     return json.loads((exp_dir / "preflight.json").read_text())
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # not serial: one node, nothing to compare its speed with, so another test's load changes no verdict
+@pytest.mark.xdist_group("preflight-local")  # it needs no cluster: not on the Slurm worker (tests/conftest.py)
 def test_preflight_on_the_local_cluster_as_typed(bertctl_home):
     result = run_bertctl("preflight", "--cluster", "local", env=SHORT, timeout=600)
     assert result.code == 0, result.err[-3000:] + result.out[-3000:]
@@ -38,6 +37,7 @@ def test_preflight_on_the_local_cluster_as_typed(bertctl_home):
 
 @pytest.mark.slurm
 @pytest.mark.slow
+@pytest.mark.serial  # its verdict compares the two nodes' measured speeds, which another test's load would skew
 def test_preflight_on_the_ci_slurm_cluster_as_typed(slurm, bertctl_home):
     result = run_bertctl("preflight", "--cluster", "ci_slurm", env=SHORT, timeout=600)
     assert result.code == 0, result.err[-3000:] + result.out[-3000:]
