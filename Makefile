@@ -14,13 +14,11 @@ STAMP := $(VENV)/.installed
 
 env: $(STAMP)
 
-# --no-compile: pip would byte-compile every module of every package (torch's alone took 27 of its
-# 38 s to install here); Python compiles the modules it imports on first use instead
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q --no-compile "$(TORCH)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
-	$(BIN)/python -m pip install -q --no-compile -e '.[test]'
+	$(BIN)/python -m pip install -q "$(TORCH)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	$(BIN)/python -m pip install -q -e '.[test]'
 	touch $@
 
 demo: env
