@@ -13,7 +13,6 @@ from conftest import run_bertctl
 SHORT = {"BERTCTL_PREFLIGHT_WINDOW": "0.3", "BERTCTL_PREFLIGHT_WINDOWS": "2", "BERTCTL_PREFLIGHT_STEPS": "2"}
 
 
-
 def figures(bertctl_home) -> dict:
     (exp_dir,) = (bertctl_home / "experiments").iterdir()
     return json.loads((exp_dir / "preflight.json").read_text())
