@@ -141,6 +141,7 @@ def run_stage_process(args: argparse.Namespace, stage: Stage, timeout: float, lo
         err.write(f"==== stage {stage.key}_{stage.name}: {' '.join(command)}\n")
         err.flush()
         proc = subprocess.Popen(command, stderr=err, stdin=subprocess.DEVNULL, cwd=REPO, env=child_env(), start_new_session=True)
+        interrupted = False
         try:
             # the child ends its own children at the deadline and then writes its record; this is for a
             # stage hung in its own process (a run may overrun its budget by these seconds, and the 10 below)
@@ -149,13 +150,15 @@ def run_stage_process(args: argparse.Namespace, stage: Stage, timeout: float, lo
         except subprocess.TimeoutExpired:
             ended = f"killed after {timeout:.0f} s, its time limit"
         except Interrupted as e:
-            ended = f"interrupted by {e} (the suite was stopped)"
+            ended, interrupted = f"interrupted by {e} (the suite was stopped)", True
         finally:
             if proc.poll() is None:
                 kill_group(proc)
     seconds = round(time.perf_counter() - started, 1)
     path = out / stage.file
-    if path.exists() and proc.returncode == 0:
+    # an interrupted child's own record is not trusted: a library may swallow the SystemExit its SIGTERM
+    # raised mid-import, and the stage then fails for a reason that is only the interruption's echo
+    if path.exists() and proc.returncode == 0 and not interrupted:
         return json.loads(path.read_text())
     with open(log) as f:
         f.seek(log_offset)
