@@ -51,16 +51,47 @@ def build_sample(home: Path) -> None:
     assert result.stdout.strip() == str(home / "datasets" / "sample")
 
 
-def home_with_sample(tmp_path_factory, name: str) -> Path:
+def home_with_sample(tmp_path_factory, name: str, phase1: bool = False) -> Path:
     """A fresh $BERTCTL_HOME holding a copy of the session's sample build (`sample_home`: 20 MB, copied
     in well under a second, where building it again takes ~30 s of CPU), for tests whose subject is
     what runs on the dataset rather than its build: `bertctl data prepare` there finds it complete.
-    A copy, not links, so a test that changes a file changes only its own."""
+    With `phase1`, the session's phase-1 checkpoint too (`phase1_home`): a job's phase-1 step there
+    finds it and skips. A copy, not links, so a test that changes a file changes only its own."""
     home = tmp_path_factory.mktemp(name)
-    # the dataset only: a phase-1 checkpoint is a job's work (the main job trains it), never the build's
-    shutil.copytree(sample_home(tmp_path_factory) / "datasets" / "sample", home / "datasets" / "sample",
-                    ignore=shutil.ignore_patterns("phase1_checkpoint"))
+    source = phase1_home(tmp_path_factory) if phase1 else sample_home(tmp_path_factory)
+    shutil.copytree(source / "datasets" / "sample", home / "datasets" / "sample",
+                    ignore=None if phase1 else shutil.ignore_patterns("phase1_checkpoint"))
     return home
+
+
+_PHASE1_HOME: Path | None = None
+
+
+def phase1_home(tmp_path_factory) -> Path:
+    """$BERTCTL_HOME holding the sample dataset and the embedded recipe's phase-1 checkpoint, trained once
+    per test run (every xdist worker shares it) by the step a job runs for it: `python -m trainer --config
+    phase1.yaml --once` on the phase-1 configuration the job script carries (clusters/local.yaml's
+    prepare.phase1; ci_slurm's trains the same model on the same data). Its output is `phase1.log` there.
+    Trained once and not by each job: ~120 CPU-seconds each time (issue 38)."""
+    global _PHASE1_HOME
+    if _PHASE1_HOME is None:
+        _PHASE1_HOME = shared_between_workers(tmp_path_factory, "phase1-home", lambda home: train_phase1(
+            home, sample_home(tmp_path_factory)))
+    return _PHASE1_HOME
+
+
+def train_phase1(home: Path, sample: Path) -> None:
+    from orchestrator.config.clusters import load_cluster
+
+    shutil.copytree(sample / "datasets" / "sample", home / "datasets" / "sample",
+                    ignore=shutil.ignore_patterns("phase1_checkpoint"))
+    (home / "phase1.yaml").write_text(load_cluster("local").config.phase1_run().to_yaml())
+    env = {**os.environ, "BERTCTL_HOME": str(home)}
+    proc = subprocess.run([sys.executable, "-u", "-m", "trainer", "--config", str(home / "phase1.yaml"),
+                           "--out", str(home / "phase1"), "--once"], capture_output=True, text=True, env=env,
+                          timeout=900, cwd=REPO)
+    (home / "phase1.log").write_text(proc.stdout + proc.stderr)
+    assert proc.returncode == 0, proc.stderr[-3000:]
 
 
 def digests(root: Path) -> dict[str, str]:
