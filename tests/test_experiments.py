@@ -109,7 +109,7 @@ def test_diff_shows_real_differences_and_no_phantom_ones(bertctl_home):
     from mllog_factory import make_experiment, tiny_closed_specs
 
     old = make_experiment(tiny_closed_specs(2), cluster="local")
-    new = make_experiment(tiny_closed_specs(2), cluster="local", overrides=("run.optim.lr=0.02",))
+    new = make_experiment(tiny_closed_specs(2), cluster="local", overrides=("run.optim.lr=0.04",))
     raw = yaml.safe_load((old.path / "cluster.yaml").read_text())
     assert raw["run"]["data"]["streams"] is None and raw["run"]["checkpoint"]["keep"] == 3
     del raw["run"]["data"]["streams"], raw["run"]["checkpoint"]["keep"]  # keys the older bertctl did not have
@@ -117,6 +117,6 @@ def test_diff_shows_real_differences_and_no_phantom_ones(bertctl_home):
     result = run_cli("diff", old.id, new.id, "--json")
     assert result.code == 0, result.err
     rows = {row["key"]: (row[old.id], row[new.id]) for row in json.loads(result.out)["config"]}
-    assert rows == {"run.optim.lr": (0.01, 0.02), "run.checkpoint.keep": ("(absent)", 3)}
+    assert rows == {"run.optim.lr": (0.02, 0.04), "run.checkpoint.keep": ("(absent)", 3)}
     table = run_cli("diff", old.id, new.id)
     assert "run.data.streams" not in table.out and "(absent)" in table.out and "None" not in table.out

@@ -173,7 +173,7 @@ def test_earlier_runs_count_only_when_their_run_yaml_is_this_recipe(bertctl_home
     runs = [RunSpec(seed=s, minutes=1.5, converge_samples=n, global_batch_size=16, eval_interval=800, legacy_keys=False,
                     division="open", converged=ok) for s, n, ok in ((1, 3200, True), (2, 4800, True), (3, 8000, False))]
     make_experiment(runs, cluster="local")
-    make_experiment(runs[:1], cluster="local", overrides=("run.optim.lr=2e-2",))  # another recipe
+    make_experiment(runs[:1], cluster="local", overrides=("run.optim.lr=4e-2",))  # another recipe
     assert sorted(predict.earlier_converged_samples(run)) == [3200, 4800]
 
 

@@ -49,7 +49,7 @@ data:
   num_workers: 0
   eval_samples: 500
 optim:
-  lr: 0.01
+  lr: 0.02
   max_steps: 500
   clip: bucket
 train:

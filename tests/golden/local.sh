@@ -40,7 +40,7 @@ data:
   num_workers: 1
   eval_samples: 500
 optim:
-  lr: 0.01
+  lr: 0.02
   max_steps: 500
 train:
   batch_size: 16
