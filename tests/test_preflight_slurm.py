@@ -29,27 +29,35 @@ from synthetic import ci_slurm_on_shards as overrides
 from synthetic import write_dataset
 from throttle import Throttle, Unavailable
 
-# serial: its verdicts compare the two nodes' measured speeds, which another test's load would skew
-pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.serial, pytest.mark.usefixtures("slurm")]
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.usefixtures("slurm")]
+# serial (the tests so marked): their verdicts compare the two nodes' measured speeds, which another test's
+# load would skew; a node that dies is named whatever the load
 
 # Without a throttle the two nodes' figures differ by noise alone (up to 47 %), so "no node flagged" is
-# checked twice in a row: not one lucky draw. A throttled node is 5-50x slower, far past the threshold,
-# and is checked once: a throttled preflight takes ~75 s, most of it its ranks importing PyTorch at a
-# quarter of a CPU (CI time: issue 38)
-QUIET_REPEATS = 2
+# checked twice in the serial pass: here, and by the README's command as typed
+# (test_preflight_shipped.py): not one lucky draw. A throttled node is 5-50x slower, far past the
+# threshold, and is checked once: a throttled preflight takes ~75 s, most of it its ranks importing
+# PyTorch at a quarter of a CPU (CI time: issue 38)
+QUIET_REPEATS = 1
 THRESHOLD = "50"
 SMALL = {"BERTCTL_PREFLIGHT_WINDOW": "0.3", "BERTCTL_PREFLIGHT_WINDOWS": "3", "BERTCTL_PREFLIGHT_STEPS": "2"}
 
 
-@pytest.fixture(scope="module")
+_SHARDS: Path | None = None
+
+
+@pytest.fixture
 def shards(tmp_path_factory) -> Path:
     """4 shards of ~8 MB (one per rank), written to disk (not only the page cache) so reads reach the
     device. Shards of 0.8 MB gave read figures twice as far apart between unthrottled nodes: opening
-    a file and its first read's latency weighed as much as the transfer."""
-    folder = write_dataset(tmp_path_factory.mktemp("preflight") / "train", shards=4, per_shard=20000, seed=1,
-                           vocab=64, max_len=128, max_pred=20)
-    os.sync()
-    return folder
+    a file and its first read's latency weighed as much as the transfer. Written once per test process,
+    for this file and test_preflight_stragglers.py (~13 CPU-seconds each time)."""
+    global _SHARDS
+    if _SHARDS is None:
+        _SHARDS = write_dataset(tmp_path_factory.mktemp("preflight") / "train", shards=4, per_shard=20000, seed=1,
+                                vocab=64, max_len=128, max_pred=20)
+        os.sync()
+    return _SHARDS
 
 
 def throttled(node: str, **limits) -> Throttle:
@@ -72,7 +80,8 @@ def reasons(verdict: dict) -> dict[str, list[str]]:
     return {n["node"]: n["reasons"] for n in verdict["nodes"]}
 
 
-def test_without_a_throttle_no_node_is_flagged_in_any_repeat(shards):
+@pytest.mark.serial
+def test_without_a_throttle_no_node_is_flagged(shards):
     for _ in range(QUIET_REPEATS):
         code, verdict, err = preflight(shards)
         assert (code, verdict["flagged"]) == (0, []), reasons(verdict)
@@ -82,6 +91,7 @@ def test_without_a_throttle_no_node_is_flagged_in_any_repeat(shards):
                 "train_compute"} <= set(measures)
 
 
+@pytest.mark.serial
 def test_a_cpu_quota_on_one_node_flags_exactly_that_node(shards, bertctl_home):
     with throttled("node2", cpu_share=0.25) as throttle:
         code, verdict, err = preflight(shards, throttle.tag)
@@ -99,6 +109,7 @@ def test_a_cpu_quota_on_one_node_flags_exactly_that_node(shards, bertctl_home):
     assert written["flagged"] == ["node2"] and len(written["ranks"]) == 4
 
 
+@pytest.mark.serial
 def test_a_read_limit_on_one_node_flags_its_storage_measure(shards):
     device = os.stat(shards).st_dev
     majmin = f"{os.major(device)}:{os.minor(device)}"
