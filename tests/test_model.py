@@ -1,11 +1,13 @@
 """The BERT model against Hugging Face's: same weights -> same logits and loss, padded and unpadded."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pytest
 import torch
 import yaml
-from transformers import BertConfig
-from transformers import BertForPreTraining as HFBert
 
 from trainer.config import ModelConfig
 from trainer.data.batch import collate
@@ -14,11 +16,18 @@ from trainer.model.attention import AttentionUnavailable
 from trainer.model.bert import BertForPreTraining, count_parameters, pretraining_loss_sums
 from trainer.model.weights import WeightsError, load_pretrained, tf_variable_names
 
+if TYPE_CHECKING:
+    from transformers import BertForPreTraining as HFBert
+
 # vocab 1001 is not a multiple of 8: our decoder is padded to 1008 and sliced back
 SMALL = dict(num_layers=2, hidden_size=64, num_heads=4, intermediate_size=256, vocab_size=1001, max_position_embeddings=128)
 
 
 def hf_model(cfg: ModelConfig) -> HFBert:
+    # imported here: transformers' BERT costs ~6 CPU-seconds, paid only by the process that runs these tests
+    from transformers import BertConfig
+    from transformers import BertForPreTraining as HFBert
+
     torch.manual_seed(0)
     hf_cfg = BertConfig(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
                         num_attention_heads=cfg.num_heads, intermediate_size=cfg.intermediate_size,

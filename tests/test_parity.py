@@ -37,6 +37,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import torch
@@ -44,7 +45,9 @@ import torch.nn.functional as F
 import yaml
 from gloo import free_port
 from synthetic import tiny_run_config
-from transformers import BertConfig, BertForPreTraining
+
+if TYPE_CHECKING:
+    from transformers import BertForPreTraining
 
 REPO = Path(__file__).resolve().parent.parent
 UPDATES = 101  # losses at updates 1..101: the last one is measured after 100 updates
@@ -172,6 +175,9 @@ def assert_same_curve(case: str, records: list[dict], reference: list[tuple[floa
 # ---- the reference ------------------------------------------------------------------------------
 
 def hf_model(model: dict) -> BertForPreTraining:
+    # imported here: transformers' BERT costs ~6 CPU-seconds, paid only by the process that runs these tests
+    from transformers import BertConfig, BertForPreTraining
+
     config = BertConfig(vocab_size=model["vocab_size"], hidden_size=model["hidden_size"],
                         num_hidden_layers=model["num_layers"], num_attention_heads=model["num_heads"],
                         intermediate_size=model["intermediate_size"],
