@@ -18,7 +18,8 @@ PY=${PYTHON:-python3}
 
 tag=$("$PY" -c 'import sys; print(f"cp{sys.version_info.major}{sys.version_info.minor}")' 2>/dev/null) || {
   echo "device_run: cannot run the Python '$PY' (set PYTHON to the interpreter with torch)" >&2; exit 2; }
-"$PY" -c 'import torch' 2>/dev/null || {
+# (asked once, printed below with the machine: importing torch costs seconds of the device's budget)
+about=$("$PY" -c 'import sys, torch; print(f"python {sys.version.split()[0]}, torch {torch.__version__}, CUDA {torch.version.cuda}, GPU visible: {torch.cuda.is_available()}")' 2>/dev/null) || {
   echo "device_run: the Python '$PY' has no torch (set PYTHON to the interpreter with torch)" >&2; exit 2; }
 WHEELS=${BERTCTL_WHEELS:-$REPO/.gpu-wheels/$tag}
 # which pinned packages this Python lacks, and their wheels for it (or one line saying what is missing)
@@ -46,7 +47,7 @@ echo "machine: $(uname -srm), $(nproc) CPUs, $(awk '/MemTotal/ {printf "%.0f GiB
 if command -v nvidia-smi >/dev/null; then
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | sed 's/^/gpu: /' || true
 fi
-"$PY" -c 'import sys, torch; print(f"python {sys.version.split()[0]}, torch {torch.__version__}, CUDA {torch.version.cuda}, GPU visible: {torch.cuda.is_available()}")'
+echo "$about"
 
 export PYTHONUNBUFFERED=1
 cd "$REPO"
