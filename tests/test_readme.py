@@ -92,6 +92,17 @@ def test_make_targets_are_the_readme_commands():
     assert "make test" in (REPO / ".ci" / "run").read_text()
 
 
+def test_the_environment_holds_its_bytecode():
+    """`make env` installs with pip's --no-compile and then compiles site-packages on every core; were that
+    step lost, every process on a machine with PYTHONDONTWRITEBYTECODE=1 (CI's) would compile torch from
+    source, minutes of CI (issue 38)."""
+    import sys
+
+    import torch
+
+    assert (Path(torch.__file__).parent / "__pycache__" / f"__init__.{sys.implementation.cache_tag}.pyc").is_file()
+
+
 def check_clusters(result, shown):
     assert result.code == 0 and result.out.strip() == shown.strip()
 
