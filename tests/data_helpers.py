@@ -58,10 +58,14 @@ def home_with_sample(tmp_path_factory, name: str, phase1: bool = False) -> Path:
     With `phase1`, the session's phase-1 checkpoint too (`phase1_home`): a job's phase-1 step there
     finds it and skips. A copy, not links, so a test that changes a file changes only its own."""
     home = tmp_path_factory.mktemp(name)
-    source = phase1_home(tmp_path_factory) if phase1 else sample_home(tmp_path_factory)
+    copy_sample(phase1_home(tmp_path_factory) if phase1 else sample_home(tmp_path_factory), home, phase1)
+    return home
+
+
+def copy_sample(source: Path, home: Path, phase1: bool) -> None:
+    """The sample dataset of one $BERTCTL_HOME into another, its phase-1 checkpoint only if asked for."""
     shutil.copytree(source / "datasets" / "sample", home / "datasets" / "sample",
                     ignore=None if phase1 else shutil.ignore_patterns("phase1_checkpoint"))
-    return home
 
 
 _PHASE1_HOME: Path | None = None
@@ -83,8 +87,7 @@ def phase1_home(tmp_path_factory) -> Path:
 def train_phase1(home: Path, sample: Path) -> None:
     from orchestrator.config.clusters import load_cluster
 
-    shutil.copytree(sample / "datasets" / "sample", home / "datasets" / "sample",
-                    ignore=shutil.ignore_patterns("phase1_checkpoint"))
+    copy_sample(sample, home, phase1=False)
     (home / "phase1.yaml").write_text(load_cluster("local").config.phase1_run().to_yaml())
     env = {**os.environ, "BERTCTL_HOME": str(home)}
     proc = subprocess.run([sys.executable, "-u", "-m", "trainer", "--config", str(home / "phase1.yaml"),
