@@ -14,7 +14,7 @@ Each has its own $BERTCTL_HOME (a copy of the session's phase-1 home), so under 
 workers the local job runs on one while the Slurm experiment, with every other Slurm test, runs on
 another (tests/conftest.py). Phase 1 is trained once for both, not by each job: ~120 CPU-seconds each
 time on CI's two cores (issue 38); what a fresh machine's `make demo` prints for it is the phase-1
-home's log (test_the_phase1_step_trains_a_fixed_length_phase_and_then_skips).
+home's log (test_the_phase1_step_trains_a_fixed_length_phase).
 """
 
 import json
@@ -84,7 +84,7 @@ def test_the_main_job_trains_bert_in_two_phases_and_checks_it(local_demo, demo_h
           f"phase 2 {[round(r['accuracy'], 4) for r in view['runs']]}")
 
 
-def test_the_phase1_step_trains_a_fixed_length_phase_and_then_skips(tmp_path_factory):
+def test_the_phase1_step_trains_a_fixed_length_phase(tmp_path_factory):
     """What a fresh machine's `make demo` prints for its phase-1 step (the session's phase-1 home ran it):
     a fixed budget at length 128, short enough that phase 2 shows the learning."""
     from data_helpers import phase1_home
