@@ -1,8 +1,11 @@
-"""Building a dataset on this machine: stage after stage, each stage's tasks on a pool of long-lived
-worker processes (`serve`), each taking the next task as it finishes one; the first failure stops all."""
+"""Building a dataset on this machine: stage after stage on one pool of long-lived worker processes
+(`serve`), each taking the next task as it finishes one; the first failure stops all. The pool lives
+for the whole build: a worker's start-up (Python, numpy, h5py, tokenizers: about a CPU-second) is
+paid once, not once per stage."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -37,48 +40,55 @@ def prepare_locally(loaded: LoadedManifest, workers_count: int, force: bool, say
             return Prepared(root, "complete", [])
         say(f"{loaded.config.name}: preparing at {root} with {workers_count} worker process(es)"
             + (" (continuing an interrupted build)" if plan["state"] == "partial" else ""))
-        with progress_display(sys.stderr) as bar:
+        size = min(workers_count, max(stage["tasks"] for stage in plan["stages"]))
+        with progress_display(sys.stderr) as bar, WorkerPool(manifest_file, size, Path(tmp)) as pool:
             for stage in plan["stages"]:
-                StagePool(manifest_file, stage["name"], stage["tasks"], workers_count, Path(tmp)).run(bar)
+                pool.run_stage(stage["name"], stage["tasks"], bar)
     say(summary(loaded, Path(root), time.perf_counter() - t0))
     return Prepared(root, "built", [])
 
 
-class StagePool:
-    """The tasks of one stage on `size` worker processes, fed task indices over their stdin."""
+class WorkerPool:
+    """`size` worker processes for every stage of a build, fed `STAGE INDEX` lines over their stdin."""
 
-    def __init__(self, manifest_file: Path, stage: str, tasks: int, size: int, scratch: Path):
-        self.stage, self.tasks = stage, tasks
-        self.command = [sys.executable, *workers.WORKER, "serve", "--manifest", str(manifest_file), "--stage", stage]
-        self.size = min(size, tasks)
-        self.scratch = scratch
-        self.queue = list(range(tasks))
+    def __init__(self, manifest_file: Path, size: int, scratch: Path):
+        self.command = [sys.executable, *workers.WORKER, "serve", "--manifest", str(manifest_file)]
+        self.size, self.scratch = size, scratch
+        self.stage, self.queue = "", []
         self.lock = threading.Lock()
         self.failed: list[Exception] = []
         self.procs: list[subprocess.Popen] = []
 
-    def run(self, bar) -> None:
-        bar.begin(self.stage, self.tasks)
+    def __enter__(self) -> WorkerPool:
         # stderr to a file, not a pipe: a chatty worker must not block on a pipe nobody reads until the end
-        stderr_files = [tempfile.TemporaryFile("w+") for _ in range(self.size)]
-        error_files = [self.scratch / f"{self.stage}-worker-{i}.json" for i in range(self.size)]
+        self.stderr_files = [tempfile.TemporaryFile("w+") for _ in range(self.size)]
+        self.error_files = [self.scratch / f"worker-{i}.json" for i in range(self.size)]
         self.procs = [subprocess.Popen(self.command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
                                        text=True, env=workers.worker_env(error))
-                      for stderr, error in zip(stderr_files, error_files)]
-        try:
-            threads = [threading.Thread(target=self.drive, args=(p, s, e, bar))
-                       for p, s, e in zip(self.procs, stderr_files, error_files)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
-        finally:
-            self.reap()
-            for f in stderr_files:
-                f.close()
+                      for stderr, error in zip(self.stderr_files, self.error_files)]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for p in self.procs:  # a closed stdin ends a worker's loop
+            with contextlib.suppress(OSError):
+                p.stdin.close()
+        self.reap()
+        for f in self.stderr_files:
+            f.close()
+
+    def run_stage(self, stage: str, tasks: int, bar) -> None:
+        """Every task of `stage` on the pool's workers; the first failure is raised once they stopped."""
+        bar.begin(stage, tasks)
+        self.stage, self.queue = stage, list(range(tasks))
+        threads = [threading.Thread(target=self.drive, args=(p, s, e, bar))
+                   for p, s, e in zip(self.procs, self.stderr_files, self.error_files)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
         if self.failed:
             raise self.failed[0]
-        bar.end(self.stage)
+        bar.end(stage)
 
     def next_task(self) -> int | None:
         with self.lock:
@@ -86,24 +96,24 @@ class StagePool:
 
     def drive(self, proc: subprocess.Popen, stderr, error_file: Path, bar) -> None:
         while (index := self.next_task()) is not None:
-            line = self.ask(proc, index)
+            line = self.ask(proc, f"{self.stage} {index}")
             if not line:  # the worker stopped: bad input, a failure, or killed
-                proc.stdin.close()
+                with contextlib.suppress(OSError):
+                    proc.stdin.close()
                 code = proc.wait()
                 stderr.seek(0)
                 self.fail(workers.failure(code, workers.read_error(error_file), stderr.read(), f"{self.stage} task {index}"),
                           proc)
                 return
             bar.advance(self.stage, [json.loads(line)])
-        proc.stdin.close()
 
     @staticmethod
-    def ask(proc: subprocess.Popen, index: int) -> str:
+    def ask(proc: subprocess.Popen, task: str) -> str:
         try:
-            proc.stdin.write(f"{index}\n")
+            proc.stdin.write(f"{task}\n")
             proc.stdin.flush()
             return proc.stdout.readline()
-        except (BrokenPipeError, OSError):
+        except (BrokenPipeError, OSError, ValueError):  # ValueError: its stdin was closed after a failure
             return ""
 
     def fail(self, error: Exception, culprit: subprocess.Popen) -> None:

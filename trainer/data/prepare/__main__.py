@@ -5,7 +5,7 @@ With a resolved dataset manifest (the orchestrator writes it):
     start   --manifest M [--force]                   check/initialise the root; print the plan as JSON
     run     --manifest M --stage S --group J [--group-size G]
                                                      run tasks J*G .. J*G+G-1 of a stage (a Slurm array task)
-    serve   --manifest M --stage S                   run the tasks whose indices arrive on stdin (local workers)
+    serve   --manifest M                             run the tasks that arrive on stdin, `STAGE INDEX` a line (local workers)
     verify  --manifest M [--json]                    check a prepared dataset; exit 0 if no check fails
 
 Each step alone, on plain files:
@@ -75,15 +75,16 @@ def cmd_run(args) -> int:
 
 
 def cmd_serve(args) -> int:
-    """Tasks of one stage as they come: an index per line on stdin, a JSON line per finished task on
-    stdout, until stdin closes. bertctl's local runner keeps one such process per worker, so that a
-    stage of many small tasks does not pay a Python start-up per task."""
+    """Tasks as they come: `STAGE INDEX` per line on stdin, a JSON line per finished task on stdout,
+    until stdin closes. bertctl's local runner keeps one such process per worker for the whole build,
+    so that neither a task nor a stage pays a Python start-up."""
     from trainer.data.prepare.stages import run_task
 
     plan = load_plan(args.manifest)
     for line in sys.stdin:
         if line.strip():
-            print(json.dumps(run_task(plan, args.stage, int(line))), flush=True)
+            stage, index = line.split()
+            print(json.dumps(run_task(plan, stage, int(index))), flush=True)
     return 0
 
 
@@ -172,9 +173,8 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--stage", required=True, choices=["corpus", "examples", "combine", "checkpoint", "finish"])
     c.add_argument("--group", type=int, required=True)
     c.add_argument("--group-size", type=int, default=1)
-    c = command("serve", cmd_serve, "run the tasks of one stage whose indices arrive on stdin")
+    c = command("serve", cmd_serve, "run the tasks that arrive on stdin, STAGE INDEX a line")
     c.add_argument("--manifest", required=True)
-    c.add_argument("--stage", required=True, choices=["corpus", "examples", "combine", "checkpoint", "finish"])
     c = command("verify", cmd_verify, "check a prepared dataset")
     c.add_argument("--manifest", required=True)
     c.add_argument("--json", action="store_true")
