@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from trainer.config import DEFAULT_BERTCTL_HOME
+from trainer.config.paths import DEFAULT_BERTCTL_HOME
 
 KINDS = ("templates", "clusters", "datasets")
 
