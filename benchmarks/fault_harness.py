@@ -90,7 +90,7 @@ def _key(line: bytes) -> str | None:
 
 def train(recipe: Path, out: Path) -> int:
     """One trainer run in this process (the torch import is paid once), its chatter swallowed."""
-    from trainer.loop.train import main
+    from trainer.loop.entry import main
 
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         return main(["--config", str(recipe), "--out", str(out), "--seed", SEED])

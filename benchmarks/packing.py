@@ -139,7 +139,8 @@ def recipe_run(steps: int, window: int) -> None:
     import yaml
 
     from trainer.config import load_run_config
-    from trainer.loop.train import RunArgs, Trainer
+    from trainer.loop.entry import RunArgs
+    from trainer.loop.train import Trainer
     from trainer.parallel import distributed
 
     recipe, ranks, b = recipe_settings()

@@ -118,7 +118,7 @@ def test_submit_refuses_as_the_user_types_it_and_writes_nothing(bertctl_home):
 
 @pytest.mark.parametrize("override,key,rule,allows", SIX, ids=[s[0] for s in SIX])
 def test_the_trainer_refuses_a_hand_edited_run_yaml_before_training(tmp_path: Path, capsys, override, key, rule, allows):
-    from trainer.loop.train import main
+    from trainer.loop.entry import main
 
     dotted, _, raw = override.removeprefix("run.").partition("=")
     config = tmp_path / "run.yaml"

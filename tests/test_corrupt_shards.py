@@ -2,7 +2,7 @@
 
   (b) `Shard` itself: ShardError "<file>: sample <i>: <problem>" (or "<file>: <problem>" for the file),
   (a) the trainer: its data path (TrainData, the eval reader) raises that error before any of the
-      shard is trained on, and `trainer.loop.train.main` turns it into one line and exit 2,
+      shard is trained on, and `trainer.loop.entry.main` turns it into one line and exit 2,
   (c) `data verify` on a prepared dataset, with checksums off and the broken file left out of the
       statistics (`--stats-files 1`): one FAIL naming the file, exit 1.
 
@@ -242,9 +242,9 @@ def run_config(tmp_path_factory) -> dict:
 
 
 def run_trainer_in_process(config: dict, folder: Path, capsys) -> tuple[int, list[str]]:
-    """`python -m trainer --config ... --out ...` as trainer.loop.train.main runs it (an exception escaping
+    """`python -m trainer --config ... --out ...` as trainer.loop.entry.main runs it (an exception escaping
     main would be the traceback a user sees)."""
-    from trainer.loop.train import main
+    from trainer.loop.entry import main
 
     path = folder / "run.yaml"
     path.write_text(yaml.safe_dump(config))

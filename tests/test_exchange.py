@@ -129,6 +129,7 @@ def trainer_losses(tmp_path, world, exchange, group_size=2):
     return [json.loads(line)["loss"] for line in (folder / "out" / "metrics" / "run_0.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_exchange_padding_leaves_the_loss_unchanged_on_1_2_and_4_ranks(tmp_path):
     """Same samples per step whatever the rank count and the exchange: the same normalised losses.
     (Ranks without an exchange match one rank too: tests/test_train.py::test_two_gloo_ranks_give_the_same_losses_as_one.)"""
@@ -149,7 +150,8 @@ def test_warm_up_leaves_model_optimizer_data_and_rng_untouched(tmp_path, monkeyp
 
     from trainer.checkpoints.run import rng_state
     from trainer.config import load_run_config
-    from trainer.loop.train import RunArgs, Trainer
+    from trainer.loop.entry import RunArgs
+    from trainer.loop.train import Trainer
     from trainer.parallel import distributed
 
     monkeypatch.setenv("MASTER_PORT", str(free_port()))

@@ -197,7 +197,8 @@ def trained_losses(tmp_path, monkeypatch, step: str) -> list[float]:
     from synthetic import tiny_run_config
 
     from trainer.config import load_run_config
-    from trainer.loop.train import RunArgs, Trainer
+    from trainer.loop.entry import RunArgs
+    from trainer.loop.train import Trainer
     from trainer.parallel import distributed
 
     monkeypatch.setenv("MASTER_PORT", str(free_port()))

@@ -108,7 +108,7 @@ def test_the_packed_stream_opens_each_shard_once_packs_ahead_and_resumes_exactly
 def test_bad_packing_keys_are_one_line_and_nothing_trains(tmp_path, capsys, balance, message):
     from synthetic import tiny_run_config
 
-    from trainer.loop.train import main
+    from trainer.loop.entry import main
 
     config = tiny_run_config(tmp_path, balance=balance, runtime={"unpad": True}, train={"global_batch_size": 16})
     assert main(["--config", str(config), "--out", str(tmp_path / "out")]) == 2
@@ -120,7 +120,7 @@ def test_a_pack_smaller_than_the_longest_sequence_stops_before_the_first_step(tm
     from gloo import free_port
     from synthetic import tiny_run_config
 
-    from trainer.loop.train import main
+    from trainer.loop.entry import main
 
     monkeypatch.setenv("MASTER_PORT", str(free_port()))
     config = tiny_run_config(tmp_path, balance={"packing": True, "pack_sequences": 3, "pack_average": 2, "pack_window": 64},

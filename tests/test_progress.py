@@ -99,7 +99,8 @@ def test_progress_rates_count_data_loading_and_leave_out_evaluations(tmp_path, m
     from gloo import free_port
 
     from trainer.config import load_run_config
-    from trainer.loop.train import RunArgs, Trainer
+    from trainer.loop.entry import RunArgs
+    from trainer.loop.train import Trainer
 
     monkeypatch.setenv("MASTER_PORT", str(free_port()))
     config = tiny_run_config(tmp_path, optim={"max_steps": 6},
@@ -155,7 +156,8 @@ def test_a_packed_run_reports_actual_beside_nominal_and_warns_when_its_packs_fal
     from gloo import free_port
 
     from trainer.config import load_run_config
-    from trainer.loop.train import RunArgs, Trainer
+    from trainer.loop.entry import RunArgs
+    from trainer.loop.train import Trainer
 
     monkeypatch.setenv("MASTER_PORT", str(free_port()))
     config = tiny_run_config(tmp_path, batch_size=4, balance={"packing": True, "pack_sequences": 3, "pack_average": 3,

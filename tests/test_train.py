@@ -79,6 +79,7 @@ def test_a_log_missing_a_required_key_fails_with_the_checkers_message(converged_
     assert expected in result.stderr
 
 
+@pytest.mark.slow
 def test_two_gloo_ranks_give_the_same_losses_as_one(tmp_path):
     # clipping after the allreduce sees the same gradient whatever the rank count (local clipping
     # does not, by design: each rank clips its own share)
@@ -97,6 +98,7 @@ def test_two_gloo_ranks_give_the_same_losses_as_one(tmp_path):
         assert y == pytest.approx(x, rel=1e-5)
 
 
+@pytest.mark.slow
 def test_sigusr2_checkpoints_and_resuming_reproduces_the_uninterrupted_losses(tmp_path):
     fixed = dict(optim={"max_steps": 40}, train={"target_accuracy": 0.99, "eval_every_samples": 80},
                  mlperf={"division": "open"}, runtime={"num_threads": 1})
@@ -189,8 +191,9 @@ def test_packed_steps_read_their_sequence_counts_only_where_a_decision_needs_the
     from gloo import free_port
 
     from trainer.config import load_run_config
+    from trainer.loop.entry import RunArgs
     from trainer.loop.state import UnreadSamples
-    from trainer.loop.train import RunArgs, Trainer
+    from trainer.loop.train import Trainer
     from trainer.parallel import distributed
 
     monkeypatch.setenv("MASTER_PORT", str(free_port()))

@@ -296,7 +296,8 @@ def steady_state_syncs(device: torch.device, precision: str, steps: int = 5) -> 
     from synthetic import tiny_run_config
 
     from trainer.config import load_run_config
-    from trainer.loop.train import RunArgs, Trainer
+    from trainer.loop.entry import RunArgs
+    from trainer.loop.train import Trainer
     from trainer.parallel import distributed
 
     runtime = {"device": device.type, "backend": "nccl" if device.type == "cuda" else "gloo", "unpad": True,

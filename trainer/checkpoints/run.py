@@ -41,10 +41,7 @@ class OutputError(Exception):
         self.path, self.reason = path, reason
 
 
-# errno values that say "this path cannot take the file", not "the program is wrong"
 LOG_BYTES = "log_bytes"  # in a checkpoint: the MLPerf log's length when it was taken
-
-UNWRITABLE = {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT, errno.ENOTDIR, errno.ENOENT, errno.EISDIR}
 
 
 def save_file(obj, path: Path) -> None:

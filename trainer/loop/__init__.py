@@ -1,4 +1,5 @@
-"""The run: `train` (the `Trainer` and its loop, read top to bottom), `state` (where the loop is and its
+"""The run: `entry` (`python -m trainer`'s torch-free front: arguments, the configuration checked, --once),
+`train` (the `Trainer` and its loop, read top to bottom), `state` (where the loop is and its
 counting), `tally` (a step's sums on the device), `progress` (the progress line, metrics and MFU),
 `warmup` (maximum-length passes before the first step), `precision` (autocast, fp16 loss scaling),
 `evaluate` (masked-LM accuracy over the eval set), `stragglers` (which rank holds the others back).

@@ -12,27 +12,21 @@ status), 1 it failed, 2 bad input (config, data, checkpoint), 75 checkpointed on
 
 from __future__ import annotations
 
-import argparse
-import contextlib
-import fcntl
 import random
-import sys
 import time
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
 import numpy as np
 import torch
-import yaml
-from pydantic import ValidationError
 from torch.nn.parallel import DistributedDataParallel
 
-from trainer.checkpoints.run import UNWRITABLE, OutputError, RunCheckpoint, StopSignal, rewind_log, run_checkpoints, write_model
-from trainer.config import REQUEUE_EXIT_CODE, PathError, RunConfig, expand_path, first_problem, load_run_config
+from trainer.checkpoints.run import OutputError, RunCheckpoint, StopSignal, rewind_log, run_checkpoints, write_model
+from trainer.config import REQUEUE_EXIT_CODE, PathError, RunConfig, expand_path
 from trainer.data.batch import Batch, CapacityError
 from trainer.data.dataset import DataError, TrainData
 from trainer.data.layout import ShardError
+from trainer.loop.entry import RunArgs, fail
 from trainer.loop.evaluate import build_evaluator
 from trainer.loop.fast_step import build_forward, make_batch, step_counts
 from trainer.loop.precision import autocast, grad_scaler
@@ -50,19 +44,6 @@ from trainer.parallel.exchange import build_exchange
 from trainer.parallel.gradients import GradientSync
 
 USER_ERRORS = (distributed.LaunchError, DataError, ShardError, WeightsError, PathError, OutputError, CapacityError)
-
-
-@dataclass
-class RunArgs:
-    config: str
-    out: str
-    run_index: int = 0
-    seed: int | None = None
-    once: bool = False
-
-    @property
-    def result_log(self) -> Path:
-        return Path(self.out) / "results" / f"result_{self.run_index}.txt"
 
 
 class Trainer:
@@ -290,76 +271,21 @@ def seed_everything(seed: int, rank: int) -> None:
     torch.manual_seed(rank_seed)
 
 
-def parse_args(argv: list[str] | None) -> RunArgs:
-    parser = argparse.ArgumentParser(prog="python -m trainer", description="One rank of a BERT pretraining run.")
-    parser.add_argument("--config", required=True, help="run.yaml written by bertctl")
-    parser.add_argument("--out", help="output folder (default: the config's folder)")
-    parser.add_argument("--run-index", type=int, default=0, help="run N of an experiment: writes result_N.txt")
-    parser.add_argument("--seed", type=int, help="default: train.seed + run index")
-    parser.add_argument("--once", action="store_true",
-                        help="skip the run when checkpoint.final_model already exists (phase 1, built once per machine)")
-    ns = parser.parse_args(argv)
-    return RunArgs(config=ns.config, out=ns.out or str(Path(ns.config).parent), run_index=ns.run_index, seed=ns.seed,
-                   once=ns.once)
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    try:
-        cfg = load_run_config(args.config)
-    except FileNotFoundError:
-        return _fail(f"{args.config}: run configuration not found")
-    except ValidationError as e:
-        key, message = first_problem(e, RunConfig)
-        return _fail(f"{args.config}: {key}: {message}")
-    except (yaml.YAMLError, TypeError) as e:
-        return _fail(f"{args.config}: not a run configuration ({str(e).splitlines()[0]})")
+def train(cfg: RunConfig, args: RunArgs) -> int:
+    """The run of a checked configuration (trainer/loop/entry.py::main checked it, and turns an output path
+    that cannot take the run's files into one line): 0 when it ended, 2 for bad input found on the way
+    (data, checkpoint, launch, output), 75 checkpointed on a signal."""
     trainer = None
     try:
-        with built_once(cfg, args.once) as needed:
-            if not needed:
-                return 0
-            if ended := logged_run_stop(args.result_log):
-                # its result is in (a crash after run_stop, then a resume): training on would log a second run_stop
-                print(f"{args.result_log}: the run already ended (run_stop {ended}): nothing to do", flush=True)
-                return 0
-            trainer = Trainer(cfg, args)
-            return trainer.run()
+        if ended := logged_run_stop(args.result_log):
+            # its result is in (a crash after run_stop, then a resume): training on would log a second run_stop
+            print(f"{args.result_log}: the run already ended (run_stop {ended}): nothing to do", flush=True)
+            return 0
+        trainer = Trainer(cfg, args)
+        return trainer.run()
     except USER_ERRORS as e:
-        return _fail(str(e))
-    except OSError as e:
-        if e.errno not in UNWRITABLE:
-            raise
-        return _fail(f"{e.filename or args.out}: {e.strerror}")  # a path of the user's that cannot take the run's files
+        return fail(str(e))
     finally:
         if trainer is not None:
             trainer.close()
         distributed.close()
-
-
-@contextlib.contextmanager
-def built_once(cfg: RunConfig, once: bool):
-    """With --once: yields False when the final model exists, else trains under a lock on it, so two
-    jobs on one machine never build it twice (the second waits, then finds it)."""
-    target = cfg.checkpoint.final_model
-    if not once or not target:
-        yield True
-        return
-    path = Path(expand_path(target))
-    if path.exists():
-        print(f"{path} exists: skipped (delete it to train again)", flush=True)
-        yield False
-        return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_name(path.name + ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if path.exists():
-            print(f"{path} was built meanwhile: skipped", flush=True)
-            yield False
-        else:
-            yield True
-
-
-def _fail(message: str) -> int:
-    print(f"error: {message}", file=sys.stderr, flush=True)
-    return 2
