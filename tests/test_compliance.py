@@ -102,6 +102,7 @@ def test_two_failing_logs_fail_the_set():
                                      "olympic scoring accepts at most 1")
 
 
+@pytest.mark.slow
 def test_one_log_passes_every_ruleset_from_1_1_to_5_0_with_the_legacy_keys():
     exp = f.make_experiment(f.example_specs())
     for ruleset in ("1.1.0", "2.0.0", "3.0.0", "4.1.0", "5.0.0"):

@@ -140,6 +140,7 @@ def build_digests(tmp_path, name, *overrides):
     return digests(home / "datasets" / "sample")
 
 
+@pytest.mark.slow
 def test_the_same_seed_gives_identical_files_and_another_seed_different_ones(tmp_path):
     first = build_digests(tmp_path, "a")
     assert build_digests(tmp_path, "b", "--workers", "1") == first  # and the worker count changes nothing

@@ -177,6 +177,7 @@ def test_the_pipeline_from_tfrecord_parts_bins_every_sample_and_picks_the_eval_s
     assert len({as_key(s) for s in everything}) == len(everything)  # (the check above was not vacuous)
 
 
+@pytest.mark.slow
 def test_prepare_converts_the_phase1_checkpoint_after_checking_its_files(tmp_path):
     prefix = REPO / "tests" / "data" / "tf_bert" / "model.ckpt-5"
     index_bytes = (REPO / "tests" / "data" / "tf_bert" / "model.ckpt-5.index").stat().st_size

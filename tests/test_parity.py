@@ -405,6 +405,7 @@ def test_one_rank_follows_the_reference_update_by_update(workspace, tmp_path, ca
     assert_same_curve(case, logged(out), reference)
 
 
+@pytest.mark.slow
 def test_two_ranks_interrupted_by_sigusr2_and_resumed_follow_the_reference(workspace, tmp_path):
     """Two gloo ranks, group exchange padding, bucket clipping, accumulation 2; both ranks get SIGUSR2
     (as Slurm signals every task) a third of the way in, checkpoint and exit 75; the resumed run must
