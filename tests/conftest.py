@@ -97,31 +97,11 @@ def pytest_collection_modifyitems(config, items) -> None:
     its jobs would otherwise queue behind another test's on the two nodes and run out their waits. A test
     marked with its own xdist_group keeps it."""
     uses_slurm = {item.path for item in items if item.get_closest_marker("slurm") or "slurm" in item.fixturenames}
-    own = set()
     for item in items:
-        if marker := item.get_closest_marker("xdist_group"):  # a test that says where it runs (tests/test_demo.py)
-            own.add(marker.args[0])
+        if item.get_closest_marker("xdist_group"):  # a test that says where it runs (tests/test_demo.py)
             continue
         group = "slurm" if item.path in uses_slurm else item.path.name
         item.add_marker(pytest.mark.xdist_group(group))
-    items[:] = longest_groups_first(items, own)
-
-
-def longest_groups_first(items: list, own: set[str]) -> list:
-    """The groups in the order workers should take them (`make test` passes --no-loadscope-reorder, so
-    xdist hands them out in collection order): the Slurm group first, whose tests run one after another
-    on one worker; then the tests that name a group of their own (the main job: minutes long); then
-    groups by how many slow tests they hold, then by size. A long group taken last would end the run
-    with one busy worker and idle cores; small ones taken last fill the cores."""
-    def group(item) -> str:
-        return item.get_closest_marker("xdist_group").args[0]
-
-    slow, size = {}, {}
-    for item in items:
-        slow[group(item)] = slow.get(group(item), 0) + bool(item.get_closest_marker("slow"))
-        size[group(item)] = size.get(group(item), 0) + 1
-    return sorted(items, key=lambda item: (group(item) != "slurm", group(item) not in own, -slow[group(item)],
-                                           -size[group(item)]))
 
 
 def shared_between_workers(tmp_path_factory, name: str, build) -> Path:
