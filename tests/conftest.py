@@ -125,8 +125,14 @@ def shared_between_workers(tmp_path_factory, name: str, build) -> Path:
     return folder
 
 
+# How often a test asks `bertctl status` (a process of ~0.7 CPU-seconds) whether a job has moved on: every
+# 0.3 s, a one-minute wait cost ~40 CPU-seconds of the two cores the jobs themselves need (issue 38).
+STATUS_EVERY = 2.0
+
+
 def wait(predicate, timeout: float, what: str, every: float = 0.3) -> None:
-    """Poll `predicate` until it holds; fail naming `what` after `timeout` seconds."""
+    """Poll `predicate` until it holds; fail naming `what` after `timeout` seconds. A predicate that runs
+    `bertctl status` polls every STATUS_EVERY seconds."""
     end = time.time() + timeout
     while time.time() < end:
         if predicate():

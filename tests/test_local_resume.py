@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, run_bertctl, wait
+from conftest import REPO, STATUS_EVERY, run_bertctl, wait
 from synthetic import tiny_run_config
 
 pytestmark = pytest.mark.slow
@@ -71,7 +71,7 @@ def test_sigterm_interrupts_a_local_run_and_resume_finishes_it_to_the_same_losse
     metrics = exp_dir / "metrics" / "run_0.jsonl"
     wait(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 5 and trainer_pid(job), 300, "5 updates")
     os.kill(trainer_pid(job), signal.SIGTERM)
-    wait(lambda: view(exp)["state"] not in ("PENDING", "RUNNING"), 300, "the job to end")
+    wait(lambda: view(exp)["state"] not in ("PENDING", "RUNNING"), 300, "the job to end", STATUS_EVERY)
 
     interrupted = view(exp)
     assert interrupted["state"] == "INTERRUPTED", interrupted
@@ -80,7 +80,7 @@ def test_sigterm_interrupts_a_local_run_and_resume_finishes_it_to_the_same_losse
 
     resumed = run_bertctl("resume", exp)
     assert resumed.code == 0 and resumed.out.strip() == exp, resumed.err[-2000:]
-    wait(lambda: view(exp)["state"] not in ("PENDING", "RUNNING", "INTERRUPTED"), 300, "the resumed run to end")
+    wait(lambda: view(exp)["state"] not in ("PENDING", "RUNNING", "INTERRUPTED"), 300, "the resumed run to end", STATUS_EVERY)
     final = view(exp)
     assert final["state"] == "COMPLETED", final
     assert "resumed at update" in (exp_dir / "logs" / "run_0.log").read_text()

@@ -9,7 +9,7 @@ import sys
 import time
 
 import pytest
-from conftest import run_bertctl
+from conftest import STATUS_EVERY, run_bertctl
 from fake_node import dgx_a100
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm")]
@@ -33,7 +33,7 @@ def rehearse(*overrides: str, nexp: int = 1) -> tuple[str, dict, object]:
         state = json.loads(run_bertctl("status", exp, "--json").out)["experiments"][0]["state"]
         if state not in ("PENDING", "RUNNING", "UNKNOWN"):
             break
-        time.sleep(0.5)
+        time.sleep(STATUS_EVERY)
     result = run_bertctl("rehearsal", exp, "--json")
     return exp, json.loads(result.out), result
 

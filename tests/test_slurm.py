@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import run_bertctl
+from conftest import STATUS_EVERY, run_bertctl
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm")]
 
@@ -29,7 +29,7 @@ def wait_until_finished(exp_id: str, timeout: float = 90) -> tuple[dict, list[st
             seen.append(view["state"])
         if view["state"] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
             return view, seen
-        time.sleep(0.3)
+        time.sleep(STATUS_EVERY)
     pytest.fail(f"{exp_id} did not finish in {timeout}s; states seen: {seen}")
 
 
@@ -128,7 +128,7 @@ def test_hostile_paths_and_values_survive_a_real_submission(tmp_path):
         view = json.loads(run_bertctl("status", exp_id, "--json", env={"BERTCTL_HOME": str(home)}).out)["experiments"][0]
         if view["state"] in ("COMPLETED", "FAILED"):
             break
-        time.sleep(0.3)
+        time.sleep(STATUS_EVERY)
     assert view["state"] == "COMPLETED"
     job = subprocess.run(["scontrol", "show", "job", "-o", view["job_ids"][0]], capture_output=True, text=True).stdout
     assert f" Comment={comment} " in job  # sbatch parsed the quoted directive back to the exact value

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import submitit
-from conftest import run_bertctl, wait
+from conftest import STATUS_EVERY, run_bertctl, wait
 from submitit.core import core, utils
 
 from orchestrator.jobs.executors import (
@@ -203,7 +203,7 @@ def test_an_array_submitted_through_submitit_is_what_render_prints_and_status_lo
     assert "submitit" not in held  # a bertctl script: no pickle to run
     cancelled = run_bertctl("cancel", exp)
     assert cancelled.code == 0, cancelled.err
-    wait(lambda: status(exp)["state"] == "CANCELLED", 30, "the array to be cancelled")
+    wait(lambda: status(exp)["state"] == "CANCELLED", 30, "the array to be cancelled", STATUS_EVERY)
     # resume run 1 alone: one new array element, submitted the same way, which runs and logs
     resumed = run_bertctl("resume", exp, "--run", "1")
     assert resumed.code == 0, resumed.err
@@ -211,7 +211,7 @@ def test_an_array_submitted_through_submitit_is_what_render_prints_and_status_lo
     new = view["job_ids"][1]
     assert view["job_ids"][0] == f"{base}_0" and new.split("_")[0] != base and new.endswith("_1")
     subprocess.run(["scontrol", "update", f"JobId={new}", "StartTime=now"], check=True, capture_output=True)
-    wait(lambda: status(exp)["runs"][1]["state"] in ("COMPLETED", "FAILED"), 120, "run 1 to end")
+    wait(lambda: status(exp)["runs"][1]["state"] in ("COMPLETED", "FAILED"), 120, "run 1 to end", STATUS_EVERY)
     assert status(exp)["runs"][1]["state"] == "COMPLETED"
     assert run_bertctl("logs", exp, "--run", "1").out.count("BERTCTL_PROBE") == 4
     output = submitit.SlurmJob(exp_dir, new).stdout()  # the batch script's own output, where submitit looks

@@ -181,6 +181,24 @@ def test_once_skips_a_phase_whose_final_model_exists(tmp_path):
     assert again.returncode == 0 and "exists: skipped" in again.stdout and final.stat().st_mtime_ns == stamp
 
 
+def test_a_bad_run_yaml_and_a_built_phase_answer_before_torch_loads(tmp_path):
+    """`python -m trainer` checks run.yaml and --once first (trainer/loop/entry.py): a mistyped key, or a
+    phase 1 already built, costs no torch start-up (2-5 CPU-seconds a process)."""
+    final = tmp_path / "phase1" / "model.pt"
+    final.parent.mkdir()
+    final.write_bytes(b"built earlier")
+    good = tiny_run_config(tmp_path, checkpoint={"final_model": str(final)})
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(good.read_text() + "foo: 1\n")
+    probe = "import sys; from trainer.loop.entry import main; code = main(sys.argv[1:]); print('torch' in sys.modules); sys.exit(code)"
+    for config, once, code, said in ((bad, [], 2, "foo: unknown key"), (good, ["--once"], 0, "exists: skipped")):
+        proc = subprocess.run([sys.executable, "-c", probe, "--config", str(config), "--out", str(tmp_path / "out"), *once],
+                              capture_output=True, text=True, cwd=REPO, timeout=120)
+        assert proc.returncode == code and said in proc.stdout + proc.stderr, proc.stderr[-1500:]
+        assert proc.stdout.strip().splitlines()[-1] == "False"  # torch was never imported
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("limit", ["max_steps", "max_samples"])
 def test_packed_steps_read_their_sequence_counts_only_where_a_decision_needs_them(tmp_path, monkeypatch, limit):
     """With packing a step's global sequence count is only known on the device; reading it back
