@@ -416,8 +416,20 @@ def throughput(device: torch.device, cfg: ModelConfig, packs: int, steps: int, s
                "masked_per_sequence": round(float(np.mean([len(s.masked_lm_positions) for s in timed])), 1),
                "peak_tflops_bf16_dense": peak, "gpu": name, "compile_backend": compile_backend(device)}
     cap = Capacity.of_packs(packs, seq_len, 3, 76)
+    failed: list[str] = []
 
     def measure(label: str, model, step) -> None:
+        """One variant's figures; a variant that raises is recorded with its reason and the next one runs
+        (each variant is the first run of its code path on a GPU: one failure must not cost the rest)."""
+        try:
+            figures[label] = measured(model, step)
+        except Exception as e:  # noqa: BLE001 - a broken variant is a result
+            traceback.print_exc(limit=4)
+            figures[label] = {"error": f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"[:300]}
+            failed.append(label)
+        print(f"  {label}: {figures[label]}", flush=True)
+
+    def measured(model, step) -> dict:
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
         if device.type == "cuda":
             torch.cuda.empty_cache()  # the blocks the previous model left cached would count as reserved
@@ -438,9 +450,8 @@ def throughput(device: torch.device, cfg: ModelConfig, packs: int, steps: int, s
         synchronize(device)
         seq_per_s = len(timed) / (time.perf_counter() - started)
         cpu_ms, gpu_ms = probe_steps(device, train, batches[warmup + steps:])
-        figures[label] = {"seq_per_s": round(seq_per_s, 1), "mfu": round(seq_per_s * flops / (peak * 1e12), 4) if peak else None,
-                          "cpu_ms_per_step": cpu_ms, "gpu_ms_per_step": gpu_ms, **peak_memory(device)}
-        print(f"  {label}: {figures[label]}", flush=True)
+        return {"seq_per_s": round(seq_per_s, 1), "mfu": round(seq_per_s * flops / (peak * 1e12), 4) if peak else None,
+                "cpu_ms_per_step": cpu_ms, "gpu_ms_per_step": gpu_ms, **peak_memory(device)}
 
     def hf_step(model, samples):
         for i in range(0, len(samples), hf_micro):  # the step's mean loss, accumulated over micro-batches
@@ -474,8 +485,11 @@ def throughput(device: torch.device, cfg: ModelConfig, packs: int, steps: int, s
         figures["cuda_graph_compile_failed"] = graphed.failed
     else:
         figures["fast_cuda_graph"] = {"skipped": "CUDA graphs need a CUDA device"}
-    hf = figures["hugging_face_padded_sdpa"]["seq_per_s"]
-    figures["speedup_vs_hf"] = {k: round(figures[k]["seq_per_s"] / hf, 2) for k in VARIANTS if "seq_per_s" in figures[k]}
+    hf = figures["hugging_face_padded_sdpa"].get("seq_per_s")
+    if hf:
+        figures["speedup_vs_hf"] = {k: round(figures[k]["seq_per_s"] / hf, 2) for k in VARIANTS if "seq_per_s" in figures[k]}
+    if failed:  # the figures of the variants that ran stay in the record
+        return {**figures, "status": "fail", "reason": f"{', '.join(failed)} raised: {figures[failed[0]]['error']}"[:300]}
     return figures
 
 
