@@ -58,6 +58,7 @@ from trainer.optim import build_optimizer, take_step
 from .children import run as run_child
 
 RESULTS: list[dict] = []
+REPO = Path(__file__).resolve().parents[2]
 
 
 def check(name: str):
@@ -280,6 +281,65 @@ def trainer_runs(device: torch.device, precision: str, deadline: float, log: Pat
     return {"backend": backend, "precision": precision, "runs": results}
 
 
+def counted_syncs(trainer, device: torch.device, steps: int) -> dict:
+    """`steps` of the loop's training steps under CUDA's sync debug mode "warn": the synchronising calls
+    per step, and where each came from: the innermost frame in bertctl's code (a torch frame alone names
+    torch's wrapper, not the caller), counted apart for switching the mode on, each step, and off."""
+    import warnings
+
+    seen: dict[str, list[str]] = {"switching on": [], "steps": [], "switching off": []}
+    phase = "switching on"
+
+    def record(message, category, filename, lineno, file=None, line=None):
+        if "synchroniz" in str(message):
+            seen[phase].append(our_frame(traceback.extract_stack()[:-1]) or f"{Path(filename).name}:{lineno}")
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        warnings.showwarning = record
+        if device.type == "cuda":
+            torch.cuda.set_sync_debug_mode("warn")
+        try:
+            phase = "steps"
+            for _ in range(steps):  # the loop's own calls, evaluation and reports aside
+                step = trainer.train_step(trainer.next_micro_batches())
+                trainer.counts.count(step)
+                assert not trainer.eval_due(step) and trainer.stop_decision() is None
+            phase = "switching off"
+        finally:
+            if device.type == "cuda":
+                torch.cuda.set_sync_debug_mode("default")
+    everywhere = [w for where in seen.values() for w in where]
+    return {"syncs_per_step": round(len(everywhere) / steps, 2), "where": sorted(set(everywhere)),
+            "by_phase": {k: len(v) for k, v in seen.items()}}
+
+
+def first_sync_raised(trainer, steps: int = 3) -> str:
+    """The first synchronising call of `steps` more steps, with sync debug mode "error": the exception's
+    traceback names the call (a warning only names the Python frame it surfaced in)."""
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(steps):
+            trainer.counts.count(trainer.train_step(trainer.next_micro_batches()))
+        return f"none raised in {steps} steps: the syncs counted happen outside the calls the error mode checks"
+    except RuntimeError as e:
+        frames = traceback.extract_tb(e.__traceback__)
+        return f"{str(e).splitlines()[0][:120]} at {' <- '.join(our_frames(frames)[::-1][:4]) or 'a torch frame'}"
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
+def our_frames(frames) -> list[str]:
+    """file:line of the frames in bertctl's own code (trainer/, orchestrator/), innermost last."""
+    return [f"{Path(f.filename).relative_to(REPO)}:{f.lineno}" for f in frames
+            if Path(f.filename).is_relative_to(REPO / "trainer") or Path(f.filename).is_relative_to(REPO / "orchestrator")]
+
+
+def our_frame(frames) -> str | None:
+    found = our_frames(frames)
+    return found[-1] if found else None
+
+
 @check("steady state: the real loop's training steps, every device->host copy counted (CUDA sync debug mode)")
 def steady_state_syncs(device: torch.device, precision: str, steps: int = 5) -> dict:
     """Trainer.train_step, in this process, after the warm-up and 10 steps (lazy initialisation may
@@ -290,8 +350,6 @@ def steady_state_syncs(device: torch.device, precision: str, steps: int = 5) -> 
     update happened). Syncs inside the backward
     are reported at autograd's Python frame, not their source: the count is right, the place is
     autograd's."""
-    import warnings
-
     from gloo import free_port
     from synthetic import tiny_run_config
 
@@ -327,30 +385,19 @@ def steady_state_syncs(device: torch.device, precision: str, steps: int = 5) -> 
                 trainer.warm_up()
                 for _ in range(10):
                     trainer.counts.count(trainer.train_step(trainer.next_micro_batches()))
-                with warnings.catch_warnings(record=True) as caught:
-                    warnings.simplefilter("always")
-                    if device.type == "cuda":
-                        torch.cuda.set_sync_debug_mode("warn")
-                    try:
-                        for _ in range(steps):  # the loop's own calls, evaluation and reports aside
-                            step = trainer.train_step(trainer.next_micro_batches())
-                            trainer.counts.count(step)
-                            assert not trainer.eval_due(step) and trainer.stop_decision() is None
-                    finally:
-                        if device.type == "cuda":
-                            torch.cuda.set_sync_debug_mode("default")
+                results[label] = counted_syncs(trainer, device, steps)
+                if results[label]["syncs_per_step"] and device.type == "cuda":
+                    results[label]["first_sync"] = first_sync_raised(trainer)
             finally:
                 trainer.close()
                 distributed.close()
-        syncs = [w for w in caught if "synchroniz" in str(w.message)]
-        where = sorted({f"{Path(w.filename).name}:{w.lineno}" for w in syncs})
-        results[label] = {"syncs_per_step": round(len(syncs) / steps, 2), "where": where}
     if device.type != "cuda":
         return {"runs": results, "note": "no CUDA here: the steps ran, the syncs were not counted"}
     for label in (f"bucket_{precision}", f"local_{precision}_packed", f"bucket_{precision}_compiled",
                   f"local_{precision}_packed_graphed"):
         assert results[label]["syncs_per_step"] == 0, \
-            f"{label}: {results[label]['syncs_per_step']} device->host copies per step at {results[label]['where']}"
+            f"{label}: {results[label]['syncs_per_step']} device->host copies per step at {results[label]['where']} " \
+            f"(by phase {results[label]['by_phase']}; error mode: {results[label].get('first_sync')})"
     return {"runs": results}
 
 
@@ -399,7 +446,8 @@ def throughput(device: torch.device, cfg: ModelConfig, packs: int, steps: int, s
     - ours_reference: runtime.step reference (the unpadded stream, attention auto: NestedTensor on CUDA), eager;
     - fast_direct_flash: runtime.step fast (fixed shapes, the packed attention operator, fused QKV), eager;
     - fast_static_compile: + the whole model torch.compile'd with static shapes;
-    - fast_cuda_graph: + its forward and backward replayed as CUDA graphs (mode reduce-overhead; CUDA only).
+    - fast_cuda_graph: + its forward and backward replayed as CUDA graphs (mode reduce-overhead; CUDA only);
+    - fast_cuda_graph_lamb: the same with the MLPerf recipe's LAMB (trainer/optim.py, foreach) for the AdamW.
     Each: sequences/s and MFU over the timed steps, peak memory, and from probe steps run one at a time
     (the device idle before each) the host's time to issue a step (cpu_ms) and the device's time to run it
     (gpu_ms, CUDA events). The optimizer (torch's fused AdamW) runs eagerly after each step in every variant."""
@@ -418,19 +466,22 @@ def throughput(device: torch.device, cfg: ModelConfig, packs: int, steps: int, s
     cap = Capacity.of_packs(packs, seq_len, 3, 76)
     failed: list[str] = []
 
-    def measure(label: str, model, step) -> None:
+    def measure(label: str, model, step, optimizer: str = "adamw_fused") -> None:
         """One variant's figures; a variant that raises is recorded with its reason and the next one runs
         (each variant is the first run of its code path on a GPU: one failure must not cost the rest)."""
         try:
-            figures[label] = measured(model, step)
+            figures[label] = measured(model, step, optimizer)
         except Exception as e:  # noqa: BLE001 - a broken variant is a result
             traceback.print_exc(limit=4)
             figures[label] = {"error": f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"[:300]}
             failed.append(label)
         print(f"  {label}: {figures[label]}", flush=True)
 
-    def measured(model, step) -> dict:
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
+    def measured(model, step, name: str) -> dict:
+        if name == "lamb":  # the MLPerf recipe's optimizer as the trainer builds it (foreach, no host sync)
+            optimizer = build_optimizer(model, OptimConfig(name="lamb", lr=1e-4), use_apex=False, device_type=device.type)
+        else:
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
         if device.type == "cuda":
             torch.cuda.empty_cache()  # the blocks the previous model left cached would count as reserved
             torch.cuda.reset_peak_memory_stats(device)
@@ -482,6 +533,7 @@ def throughput(device: torch.device, cfg: ModelConfig, packs: int, steps: int, s
     if device.type == "cuda":
         graphed = CompiledForward(model, cuda_graph=True, backend=compile_backend(device))
         measure("fast_cuda_graph", model, fast_step_with(graphed))
+        measure("fast_cuda_graph_lamb", model, fast_step_with(graphed), optimizer="lamb")
         figures["cuda_graph_compile_failed"] = graphed.failed
     else:
         figures["fast_cuda_graph"] = {"skipped": "CUDA graphs need a CUDA device"}
@@ -493,7 +545,7 @@ def throughput(device: torch.device, cfg: ModelConfig, packs: int, steps: int, s
     return figures
 
 
-VARIANTS = ("ours_reference", "fast_direct_flash", "fast_static_compile", "fast_cuda_graph")
+VARIANTS = ("ours_reference", "fast_direct_flash", "fast_static_compile", "fast_cuda_graph", "fast_cuda_graph_lamb")
 
 
 def compile_backend(device: torch.device) -> str:

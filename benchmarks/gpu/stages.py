@@ -45,7 +45,7 @@ STAGES = [
           "skipped, counted and halves the loss scale", (20, 10), (90, 90)),
     Stage("e", "throughput", "BERT-large phase 2 in bf16 at 48 packs: Hugging Face padded, ours reference and the fast "
           "step added in turn (direct flash, static compile, CUDA graph); sequences/s, MFU, peak memory, CPU and GPU ms "
-          "per step", (240, 30), (420, 240)),
+          "per step", (170, 30), (300, 240)),
     Stage("f", "trainer_sync", "python -m trainer under torchrun (NCCL) in every optim.clip mode and fp16 with "
           "compile; the steady-state loop makes no device->host sync in bf16", (150, 120), (270, 240)),
     Stage("g", "apex", "apex's FusedLayerNorm and FusedLAMB update like the PyTorch path (skipped without apex)",
