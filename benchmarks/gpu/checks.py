@@ -479,7 +479,8 @@ def throughput(device: torch.device, cfg: ModelConfig, packs: int, steps: int, s
 
     def measured(model, step, name: str) -> dict:
         if name == "lamb":  # the MLPerf recipe's optimizer as the trainer builds it (foreach, no host sync)
-            optimizer = build_optimizer(model, OptimConfig(name="lamb", lr=1e-4), use_apex=False, device_type=device.type)
+            optimizer = build_optimizer(model, OptimConfig(name="lamb", lr=1e-4, max_steps=100), use_apex=False,
+                                        device_type=device.type)
         else:
             optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
         if device.type == "cuda":
