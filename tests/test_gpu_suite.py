@@ -3,7 +3,9 @@ sessions: its parity, attention and precision checks pass, and a broken model fa
 
 import sys
 import time
+import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -40,6 +42,40 @@ def test_the_steady_state_check_drives_the_real_loop(suite):
     record = suite.steady_state_syncs(torch.device("cpu"), "fp32", steps=2)
     assert record["status"] == "pass", record
     assert set(record["runs"]) == {"bucket_fp32", "local_fp32_packed"} and "not counted" in record["note"]
+
+
+class WarningLoop:
+    """Stands in for the Trainer (whose real loop the test above drives): a step that warns `text`
+    on the steps in `on`; counting warnings is what is under test, and CUDA's debug mode cannot run here."""
+
+    def __init__(self, text: str, on: set[int]):
+        self.text, self.on, self.steps = text, on, 0
+        self.counts = SimpleNamespace(count=lambda step: None)
+
+    def next_micro_batches(self):
+        return []
+
+    def train_step(self, micro_batches):
+        self.steps += 1
+        if self.steps in self.on:
+            warnings.warn(self.text, stacklevel=1)  # as torch: at the calling frame
+        return self.steps
+
+    def eval_due(self, step):
+        return False
+
+    def stop_decision(self):
+        return None
+
+
+def test_the_sync_count_takes_torchs_sync_warning_and_not_its_notice_about_the_mode(suite):
+    """torch warns "called a synchronizing CUDA operation" at each sync, and once per process, on switching
+    the mode on, that the mode "does not yet detect all synchronizing operations": only the first is a sync."""
+    notice = "Synchronization debug mode is a prototype feature and does not yet detect all synchronizing operations"
+    assert suite.counted_syncs(WarningLoop(notice, {1, 2}), torch.device("cpu"), 5)["syncs_per_step"] == 0
+    counted = suite.counted_syncs(WarningLoop(suite.SYNC_WARNING, {2, 4}), torch.device("cpu"), 5)
+    assert counted["syncs_per_step"] == 0.4 and counted["by_phase"] == {"switching on": 0, "steps": 2, "switching off": 0}
+    assert len(counted["where"]) == 1 and counted["where"][0].startswith("test_gpu_suite.py:")  # the warning's own line
 
 
 def test_a_check_that_finds_a_difference_fails_with_its_reason(suite, monkeypatch):

@@ -281,6 +281,14 @@ def trainer_runs(device: torch.device, precision: str, deadline: float, log: Pat
     return {"backend": backend, "precision": precision, "runs": results}
 
 
+# what torch warns at each synchronising call in sync debug mode "warn" (c10's warn_or_error_on_sync). Matched
+# whole: switching the mode on also warns, once per process, that it "is a prototype feature and does not yet
+# detect all synchronizing operations", and a looser match counted that notice as the first case's one sync
+# (the "0.2 per step" of bucket bf16 on the H100, 2026-11-27; on the H200, 2026-11-28: 1 while switching on,
+# 0 in 10 steps, and none raised in error mode)
+SYNC_WARNING = "called a synchronizing CUDA operation"
+
+
 def counted_syncs(trainer, device: torch.device, steps: int) -> dict:
     """`steps` of the loop's training steps under CUDA's sync debug mode "warn": the synchronising calls
     per step, and where each came from: the innermost frame in bertctl's code (a torch frame alone names
@@ -291,7 +299,7 @@ def counted_syncs(trainer, device: torch.device, steps: int) -> dict:
     phase = "switching on"
 
     def record(message, category, filename, lineno, file=None, line=None):
-        if "synchroniz" in str(message):
+        if SYNC_WARNING in str(message):
             seen[phase].append(our_frame(traceback.extract_stack()[:-1]) or f"{Path(filename).name}:{lineno}")
 
     with warnings.catch_warnings():
