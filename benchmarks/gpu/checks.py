@@ -401,11 +401,13 @@ def steady_state_syncs(device: torch.device, precision: str, steps: int = 5) -> 
                 distributed.close()
     if device.type != "cuda":
         return {"runs": results, "note": "no CUDA here: the steps ran, the syncs were not counted"}
-    for label in (f"bucket_{precision}", f"local_{precision}_packed", f"bucket_{precision}_compiled",
-                  f"local_{precision}_packed_graphed"):
-        assert results[label]["syncs_per_step"] == 0, \
-            f"{label}: {results[label]['syncs_per_step']} device->host copies per step at {results[label]['where']} " \
-            f"(by phase {results[label]['by_phase']}; error mode: {results[label].get('first_sync')})"
+    syncing = [label for label in (f"bucket_{precision}", f"local_{precision}_packed", f"bucket_{precision}_compiled",
+                                   f"local_{precision}_packed_graphed") if results[label]["syncs_per_step"]]
+    if syncing:  # every case's counts stay in the record
+        found = results[syncing[0]]
+        return {"runs": results, "status": "fail",
+                "reason": f"{syncing[0]}: {found['syncs_per_step']} device->host copies per step at {found['where']} "
+                          f"(by phase {found['by_phase']}; error mode: {found.get('first_sync')})"[:300]}
     return {"runs": results}
 
 
