@@ -460,7 +460,7 @@ def throughput(device: torch.device, cfg: ModelConfig, packs: int, steps: int, s
     - fast_cuda_graph_lamb: the same with the MLPerf recipe's LAMB (trainer/optim.py, foreach) for the AdamW.
     Each: sequences/s and MFU over the timed steps, peak memory, and from probe steps run one at a time
     (the device idle before each) the host's time to issue a step (cpu_ms) and the device's time to run it
-    (gpu_ms, CUDA events). The optimizer (torch's fused AdamW) runs eagerly after each step in every variant."""
+    (gpu_ms, CUDA events). The optimizer runs eagerly after each step: torch's fused AdamW, the last variant's LAMB."""
     rng = np.random.default_rng(6)
     batches = packed_batches(rng, cfg.vocab_size, packs, warmup + steps + probes, seq_len)
     timed_batches = batches[warmup:warmup + steps]
