@@ -134,5 +134,9 @@ def test_the_throughput_and_profile_stages_run_their_variants_on_the_cpu(suite):
     assert record["fast_cuda_graph"] == record["fast_cuda_graph_lamb"] == {"skipped": "CUDA graphs need a CUDA device"}
     profiled = suite.profile(cpu, tiny, 1, seq_len=64)
     assert profiled["status"] == "pass" and profiled["top"] and profiled["casts_per_step"] >= 0, profiled
+    assert profiled["variant"] == "fast_direct_flash"
+    compiled = suite.profile(cpu, tiny, 1, seq_len=64, compiled=True)
+    assert compiled["status"] == "pass" and compiled["top"] and compiled["compile_failed"] is None, compiled
+    assert compiled["variant"] == "fast_static_compile"
     fp8 = suite.fp8_gemms(cpu)
     assert fp8["status"] == "skip" and "compute capability 8.9" in fp8["reason"]

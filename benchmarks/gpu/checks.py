@@ -584,11 +584,13 @@ def probe_steps(device: torch.device, train, batches) -> tuple[float, float | No
     return round(float(np.median(cpu)), 1), round(float(np.median(gpu)), 1) if gpu else None
 
 
-@check("profile: the fast step's top kernels and its casts (torch.profiler, fast_direct_flash, bf16)")
-def profile(device: torch.device, cfg: ModelConfig, packs: int, seq_len: int = 512, steps: int = 2, top: int = 15) -> dict:
-    """`steps` fast steps after 2 warm-up ones, eager (compiled kernels would hide which op cost what):
-    the `top` ops by device time (by host time off CUDA), the casts (aten::_to_copy) per step, and the
-    host's and the device's total per step."""
+@check("profile: the fast step's top kernels and its casts (torch.profiler, bf16, eager or compiled)")
+def profile(device: torch.device, cfg: ModelConfig, packs: int, seq_len: int = 512, steps: int = 2, top: int = 15,
+            compiled: bool = False) -> dict:
+    """`steps` fast steps after 2 warm-up ones: the `top` ops and kernels by device time (by host time off
+    CUDA), the casts (aten::_to_copy) per step, and the host's and the device's total per step. Eager
+    (fast_direct_flash) names which op costs what; `compiled` (fast_static_compile, stage e's best without
+    graphs) shows what is left once the pointwise work is fused: the kernels the next gain must come from."""
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
@@ -598,12 +600,14 @@ def profile(device: torch.device, cfg: ModelConfig, packs: int, seq_len: int = 5
     cap = Capacity.of_packs(packs, seq_len, 3, 76)
     model = BertForPreTraining(cfg).to(device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
+    forward = CompiledForward(model, backend=compile_backend(device)) if compiled else (
+        lambda batch: model(batch, loss_sums=True))
 
     def train(samples):
         batch = fixed_shape(collate(samples, unpadded=True), cap).to(device)
         masked, sequences = device_counts([batch])
         with torch.autocast(device.type, dtype=torch.bfloat16):
-            mlm_sum, nsp_sum = model(batch, loss_sums=True)
+            mlm_sum, nsp_sum = forward(batch)
         (mlm_sum / masked + nsp_sum / sequences).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -621,7 +625,9 @@ def profile(device: torch.device, cfg: ModelConfig, packs: int, seq_len: int = 5
     time_of = (lambda e: e.self_device_time_total) if on_device else (lambda e: e.self_cpu_time_total)
     ranked = sorted(events, key=time_of, reverse=True)[:top]
     casts = sum(e.count for e in events if e.key == "aten::_to_copy")
-    return {"steps": steps, "packs": packs, "ranked_by": "self device time" if on_device else "self host time",
+    return {"variant": "fast_static_compile" if compiled else "fast_direct_flash",
+            **({"compile_failed": forward.failed} if compiled else {}),
+            "steps": steps, "packs": packs, "ranked_by": "self device time" if on_device else "self host time",
             "top": [{"name": e.key[:80], "ms_per_step": round(time_of(e) / 1e3 / steps, 2), "calls_per_step": e.count // steps}
                     for e in ranked],
             "casts_per_step": casts // steps,

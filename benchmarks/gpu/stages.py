@@ -50,8 +50,8 @@ STAGES = [
           "compile; the steady-state loop makes no device->host sync in bf16", (150, 120), (270, 240)),
     Stage("g", "apex", "apex's FusedLayerNorm and FusedLAMB update like the PyTorch path (skipped without apex)",
           (10, 5), (60, 60)),
-    Stage("h", "profile", "where the fast step's device time goes (top kernels, casts per step) and what FP8 GEMMs "
-          "(torch._scaled_mm) could save at the encoder's shapes", (30, 20), (120, 120)),
+    Stage("h", "profile", "where the fast step's device time goes, eager and compiled (top kernels, casts per step), and what FP8 GEMMs "
+          "(torch._scaled_mm) could save at the encoder's shapes", (70, 20), (180, 120)),
 ]
 BY_NAME = {s.name: s for s in STAGES}
 
@@ -115,8 +115,10 @@ def run_stage(name: str, device_name: str, quick: bool, deadline: float, log: Pa
         found = [checks.trainer_runs(device, precision, deadline, log, **runs),
                  checks.steady_state_syncs(device, precision, **({"steps": 2} if quick else {}))]
     elif name == "profile":
-        found = [checks.profile(device, tiny, 2, seq_len=128) if quick else checks.profile(device, large, 48),
-                 checks.fp8_gemms(device, 2 * 512 if quick else 48 * 512)]
+        # --quick: eager only (tests/test_gpu_suite.py profiles the compiled step on the CPU)
+        profiles = [checks.profile(device, tiny, 2, seq_len=128)] if quick else \
+            [checks.profile(device, large, 48), checks.profile(device, large, 48, compiled=True)]
+        found = [*profiles, checks.fp8_gemms(device, 2 * 512 if quick else 48 * 512)]
     elif name == "apex":
         found = [checks.apex_paths(device, small, 4) if quick else checks.apex_paths(device, large, 16)]
     else:
