@@ -69,8 +69,14 @@ def test_sigterm_interrupts_a_local_run_and_resume_finishes_it_to_the_same_losse
     assert returned_after < 30 and view(exp)["state"] in ("PENDING", "RUNNING"), (exp_dir / "job.log").read_text()
     job = view(exp)["job_ids"][0]
     metrics = exp_dir / "metrics" / "run_0.jsonl"
-    wait(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 5 and trainer_pid(job), 300, "5 updates")
-    os.kill(trainer_pid(job), signal.SIGTERM)
+    # Once it trains, the run takes 2-3 s (60 updates): the signal must land inside that window, so the
+    # trainer is found while it starts (pgrep is a process of its own: too slow to run in the window),
+    # and the metrics file is read every 20 ms. Polling slower, with pgrep in the loop, a busy CI machine
+    # once signalled the trainer after its run_stop (exit 143, FAILED).
+    found: list[int] = []
+    wait(lambda: found.append(trainer_pid(job)) or found[-1], 300, "the trainer to start")
+    wait(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 5, 300, "5 updates", every=0.02)
+    os.kill(found[-1], signal.SIGTERM)
     wait(lambda: view(exp)["state"] not in ("PENDING", "RUNNING"), 300, "the job to end", STATUS_EVERY)
 
     interrupted = view(exp)
