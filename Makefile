@@ -12,6 +12,11 @@ STAMP := $(VENV)/.installed
 
 .PHONY: env demo test golden gpu-wheels
 
+# A machine may set PYTHONDONTWRITEBYTECODE=1 (CI's does): no process would then keep the bytecode it
+# compiles, and every one would compile what it imports from source again (torch: ~12 CPU-seconds
+# each). Our commands write it, as Python does by default, into .venv/ and the gitignored __pycache__/.
+unexport PYTHONDONTWRITEBYTECODE
+
 env: $(STAMP)
 
 $(STAMP): pyproject.toml
@@ -19,9 +24,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q --no-compile "$(TORCH)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(BIN)/python -m pip install -q --no-compile -e '.[test]'
-	@# the bytecode on every core at once: pip compiles a file at a time (~70 of its ~110 s on 2 cores, ~47 s
-	@# this way). A file written for a newer Python fails to compile here, as under pip: ignored
-	$(BIN)/python -m compileall -q -j 0 "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" > /dev/null || true
+	@# torch's bytecode now, on every core at once: every test process imports it, and three xdist workers
+	@# importing it first at the same moment would each compile it. The rest is compiled by its first import
+	@# (compiling all 13,600 files of site-packages took ~50 s of CI; most are never imported). A file written
+	@# for a newer Python fails to compile here, as under pip: ignored
+	$(BIN)/python -m compileall -q -j 0 "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/torch" > /dev/null || true
 	touch $@
 
 demo: env
