@@ -50,7 +50,8 @@ def view(exp: str) -> dict:
 
 
 def trainer_pid(job: str) -> int | None:
-    out = subprocess.run(["pgrep", "-g", job, "-f", "[-]m trainer"], capture_output=True, text=True).stdout.split()
+    # the trainer itself, not the job's `python -m trainer.mlperf cache-clear` that runs just before it
+    out = subprocess.run(["pgrep", "-g", job, "-f", "[-]m trainer --config"], capture_output=True, text=True).stdout.split()
     return int(out[0]) if out else None
 
 
@@ -63,18 +64,26 @@ def test_sigterm_interrupts_a_local_run_and_resume_finishes_it_to_the_same_losse
     started = time.time()
     submitted = run_bertctl("submit", "--cluster", str(local_cluster(tmp_path, recipe)))
     assert submitted.code == 0, submitted.err
+    returned_after = time.time() - started
     exp = submitted.out.strip()
     exp_dir = bertctl_home / "experiments" / exp
-    returned_after = time.time() - started
-    assert returned_after < 30 and view(exp)["state"] in ("PENDING", "RUNNING"), (exp_dir / "job.log").read_text()
-    job = view(exp)["job_ids"][0]
+    assert returned_after < 30, submitted.err
+    # Once it trains, the run takes 2-3 s (60 updates), after a few seconds of start-up: the signal must land
+    # inside that window, so nothing slower than pgrep runs before the trainer is found. The job id comes from
+    # the experiment's record, not from `bertctl status` (1-4 s a call on a busy CI machine: two calls before
+    # the first pgrep once let the whole run end unseen), and the trainer is stopped (SIGSTOP) while the
+    # status is read, then let go, and the metrics file read every 20 ms. Polling slower, with pgrep in the
+    # loop, a busy CI machine once signalled the trainer after its run_stop (exit 143, FAILED).
+    job = json.loads((exp_dir / "experiment.json").read_text())["job_ids"][0]
     metrics = exp_dir / "metrics" / "run_0.jsonl"
-    # Once it trains, the run takes 2-3 s (60 updates): the signal must land inside that window, so the
-    # trainer is found while it starts (pgrep is a process of its own: too slow to run in the window),
-    # and the metrics file is read every 20 ms. Polling slower, with pgrep in the loop, a busy CI machine
-    # once signalled the trainer after its run_stop (exit 143, FAILED).
     found: list[int] = []
-    wait(lambda: found.append(trainer_pid(job)) or found[-1], 300, "the trainer to start")
+    wait(lambda: found.append(trainer_pid(job)) or found[-1], 300, "the trainer to start", every=0.1)
+    os.kill(found[-1], signal.SIGSTOP)
+    try:
+        running = view(exp)  # submit returned while the job runs
+        assert running["state"] == "RUNNING" and running["job_ids"] == [job], running
+    finally:
+        os.kill(found[-1], signal.SIGCONT)
     wait(lambda: metrics.exists() and len(metrics.read_text().splitlines()) >= 5, 300, "5 updates", every=0.02)
     os.kill(found[-1], signal.SIGTERM)
     wait(lambda: view(exp)["state"] not in ("PENDING", "RUNNING"), 300, "the job to end", STATUS_EVERY)
