@@ -37,7 +37,7 @@ from trainer.config import ModelConfig, OptimConfig
 from trainer.model.bert import BertForPreTraining
 from trainer.optim import build_optimizer
 model = BertForPreTraining(ModelConfig(num_layers=2, hidden_size=128, num_heads=2, intermediate_size=512, vocab_size=8192))
-build_optimizer(model, OptimConfig(name="lamb", lr=1e-2), False, "cpu")
+build_optimizer(model, OptimConfig(name="lamb", lr=1e-2, max_steps=10), False, "cpu")
 """
 
 CASES = {
