@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import run_bertctl
+from conftest import run_bertctl, status_now
 
 MAIN_JOB = ["submit", "--cluster", "local", "--nexp", "2", "--follow"]  # the README's main job, word for word
 
@@ -110,7 +110,7 @@ def test_the_same_experiment_on_the_ci_slurm_cluster(slurm, slurm_demo_home):
     assert "0: training: 4 rank(s) x 4 x 1 = 16 sequences per step" in streamed.out
     states, deadline = [], time.time() + 300
     while time.time() < deadline:
-        view = json.loads(run_bertctl("status", exp_id, "--json", env=env).out)["experiments"][0]
+        view = status_now(exp_id, demo_home)
         states.append(view["state"])
         if view["state"] in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
             break

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import REPO, STATUS_EVERY, run_bertctl, wait
+from conftest import REPO, STATUS_EVERY, run_bertctl, status_now, wait
 from synthetic import tiny_run_config
 
 pytestmark = pytest.mark.slow
@@ -46,7 +46,7 @@ def losses(folder: Path) -> list[float]:
 
 
 def view(exp: str) -> dict:
-    return json.loads(run_bertctl("status", exp, "--json").out)["experiments"][0]
+    return status_now(exp)
 
 
 def trainer_pid(job: str) -> int | None:

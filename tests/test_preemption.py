@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import submitit
 import yaml
-from conftest import REPO, STATUS_EVERY, run_bertctl, wait
+from conftest import REPO, STATUS_EVERY, run_bertctl, status_now, wait
 from synthetic import tiny_run_config
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow, pytest.mark.usefixtures("slurm")]
@@ -63,7 +63,7 @@ def losses(exp_dir: Path, run: int) -> list[float]:
 
 
 def view(exp: str) -> dict:
-    return json.loads(run_bertctl("status", exp, "--json").out)["experiments"][0]
+    return status_now(exp)
 
 
 def requeues(job: str) -> dict[str, list[str]]:

@@ -8,7 +8,7 @@ import json
 import time
 
 import pytest
-from conftest import run_bertctl
+from conftest import run_bertctl, status_now
 from test_preflight_slurm import overrides, shards, throttled  # noqa: F401 (shards: a fixture)
 
 from orchestrator.jobs.status import last_straggler
@@ -49,7 +49,7 @@ def test_a_throttled_node_of_a_training_run_is_named_by_status_and_logs(shards, 
         exp = submitted.out.strip()
         named, end = None, time.time() + 600
         while time.time() < end:
-            view = json.loads(run_bertctl("status", exp, "--json").out)["experiments"][0]
+            view = status_now(exp)
             named = view["runs"][0]["straggler"]
             if named or view["state"] not in ("PENDING", "RUNNING"):
                 break

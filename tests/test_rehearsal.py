@@ -9,7 +9,7 @@ import sys
 import time
 
 import pytest
-from conftest import STATUS_EVERY, run_bertctl
+from conftest import STATUS_EVERY, run_bertctl, status_now
 from fake_node import dgx_a100
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm")]
@@ -30,7 +30,7 @@ def rehearse(*overrides: str, nexp: int = 1) -> tuple[str, dict, object]:
     exp = submitted.out.strip()
     end = time.time() + 120
     while time.time() < end:
-        state = json.loads(run_bertctl("status", exp, "--json").out)["experiments"][0]["state"]
+        state = status_now(exp)["state"]
         if state not in ("PENDING", "RUNNING", "UNKNOWN"):
             break
         time.sleep(STATUS_EVERY)

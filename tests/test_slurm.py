@@ -10,15 +10,13 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import STATUS_EVERY, run_bertctl
+from conftest import STATUS_EVERY, run_bertctl, status_now
 
 pytestmark = [pytest.mark.slurm, pytest.mark.usefixtures("slurm")]
 
 
 def status(exp_id: str) -> dict:
-    result = run_bertctl("status", exp_id, "--json")
-    assert result.code == 0, result.err
-    return json.loads(result.out)["experiments"][0]
+    return status_now(exp_id)
 
 
 def wait_until_finished(exp_id: str, timeout: float = 90) -> tuple[dict, list[str]]:
@@ -125,7 +123,7 @@ def test_hostile_paths_and_values_survive_a_real_submission(tmp_path):
     exp_id = result.out.strip()
     end = time.time() + 60
     while time.time() < end:
-        view = json.loads(run_bertctl("status", exp_id, "--json", env={"BERTCTL_HOME": str(home)}).out)["experiments"][0]
+        view = status_now(exp_id, home)
         if view["state"] in ("COMPLETED", "FAILED"):
             break
         time.sleep(STATUS_EVERY)

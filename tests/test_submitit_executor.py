@@ -5,7 +5,6 @@ changes one fails these tests before it fails a submission); the local executor 
 this machine, the Slurm one on the CI's real Slurm."""
 
 import inspect
-import json
 import subprocess
 import sys
 import time
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import submitit
-from conftest import STATUS_EVERY, run_bertctl, wait
+from conftest import STATUS_EVERY, run_bertctl, status_now, wait
 from submitit.core import core, utils
 
 from orchestrator.jobs.executors import (
@@ -169,7 +168,7 @@ def test_a_launcher_answer_without_a_pid_is_a_failed_submission():
 # ---- on the CI's real Slurm
 
 def status(exp: str) -> dict:
-    return json.loads(run_bertctl("status", exp, "--json").out)["experiments"][0]
+    return status_now(exp)
 
 
 @pytest.mark.slurm
