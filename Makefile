@@ -35,10 +35,10 @@ demo: env
 	$(BIN)/bertctl submit --cluster local --nexp 2 --follow
 
 # the whole suite in two passes: all but the timing-sensitive tests on three xdist workers (files whole,
-# every Slurm file on one worker: tests/conftest.py), then the timing-sensitive ones alone on a quiet machine
+# every Slurm file on one worker, the longest groups handed out first: tests/conftest.py), then the timing-sensitive ones alone on a quiet machine
 test: env
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -n 3 --dist loadgroup -m "not serial"; bulk=$$?; \
+	$(BIN)/python -m pytest -n 3 --dist loadgroup --no-loadscope-reorder -m "not serial"; bulk=$$?; \
 	$(BIN)/python -m pytest -m serial; serial=$$?; \
 	test $$bulk -eq 0 -a $$serial -eq 0
 

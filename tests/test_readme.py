@@ -86,10 +86,20 @@ def test_make_targets_are_the_readme_commands():
     # ruff, then the whole suite: the bulk and the serial tests are complements, and both must pass
     assert test.splitlines() == [
         "\t$(BIN)/ruff check .",
-        '\t$(BIN)/python -m pytest -n 3 --dist loadgroup -m "not serial"; bulk=$$?; \\',
+        '\t$(BIN)/python -m pytest -n 3 --dist loadgroup --no-loadscope-reorder -m "not serial"; bulk=$$?; \\',
         "\t$(BIN)/python -m pytest -m serial; serial=$$?; \\",
         "\ttest $$bulk -eq 0 -a $$serial -eq 0"]
     assert "make test" in (REPO / ".ci" / "run").read_text()
+
+
+def test_the_longest_chains_are_handed_out_first_then_the_largest_groups():
+    from conftest import FIRST_GROUPS, dispatch_order
+
+    assert FIRST_GROUPS == ("slurm", "demo-local")
+    groups = ["a.py", "b.py", "b.py", "demo-local", "slurm", "c.py", "b.py", "slurm", "c.py"]
+    assert [groups[i] for i in dispatch_order(groups)] == [
+        "slurm", "slurm", "demo-local", "b.py", "b.py", "b.py", "c.py", "c.py", "a.py"]
+    assert dispatch_order(groups)[:2] == [4, 7]  # a group's tests in their collection order
 
 
 def test_the_environment_holds_its_bytecode():
