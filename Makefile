@@ -35,7 +35,8 @@ demo: env
 	$(BIN)/bertctl submit --cluster local --nexp 2 --follow
 
 # the whole suite in two passes: all but the timing-sensitive tests on three xdist workers (files whole,
-# every Slurm file on one worker, the longest groups handed out first: tests/conftest.py), then the timing-sensitive ones alone on a quiet machine
+# every Slurm file on one worker, the longest groups handed out first: tests/conftest.py), then the
+# timing-sensitive ones alone on a quiet machine
 test: env
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -n 3 --dist loadgroup --no-loadscope-reorder -m "not serial"; bulk=$$?; \

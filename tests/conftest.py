@@ -57,10 +57,10 @@ def run_cli(*args: str) -> CliResult:
 
 def status_now(exp: str, home: Path | str | None = None) -> dict:
     """The experiment as `bertctl status EXP --json` shows it, asked in this process (in `home` if given,
-    else this test's $BERTCTL_HOME): what a test polls while a job runs. A `bertctl` process per poll cost
-    ~0.9 CPU-seconds of the cores the job itself needs, ~150 CPU-seconds of a CI run (issue 38); what a
-    user reads of the finished experiment is still asked of a separate `bertctl` process where a test
-    checks it (tests/test_demo.py)."""
+    else this test's $BERTCTL_HOME): what a test polls while a job runs. A `bertctl` process per poll costs
+    ~0.9 CPU-seconds (benchmarks/results/process_startup_2026-11-28.txt) of the cores the job itself needs
+    (issue 38); what a user reads of the finished experiment is still asked of a separate `bertctl` process
+    where a test checks it (tests/test_demo.py)."""
     with mock.patch.dict(os.environ, {"BERTCTL_HOME": str(home)} if home is not None else {}):
         result = run_cli("status", exp, "--json")
     assert result.code == 0, result.err
