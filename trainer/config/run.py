@@ -174,9 +174,12 @@ class RuntimeConfig(Section):
     # variable-length attention (with unpad): auto takes flash_attn, else PyTorch's own flash kernel
     # on jagged NestedTensors (CUDA fp16/bf16), else one SDPA call per sequence (see trainer/model/attention.py)
     attention: Literal["auto", "flash_attn", "nested", "per_sequence"] = "auto"
-    # torch.compile the encoder layers' pointwise tails (the fast step: the whole model, static shapes);
-    # falls back to eager with a warning if compiling fails
+    # torch.compile the encoder layers' pointwise tails (the fast step: the whole model, static shapes, its
+    # evaluation, and LAMB's update)
     compile: bool = False
+    # a failure to compile: error ends the run (one line naming the cause: a rank run eager is ~14 % slower and
+    # the slowest sets the pace); eager runs that code eager after one warning line (trainer/model/compiled.py)
+    compile_fallback: Literal["error", "eager"] = "error"
     # fast: fixed-shape packed micro-batches, attention on the packed stream as one operator (trainer/loop/fast_step.py);
     # reference: the step it is tested against; auto: fast on CUDA in bf16/fp16 with balance.packing and
     # balance.pack_sequences set, else reference

@@ -18,7 +18,6 @@ are not available; tests hold its loss and gradients to the reference step's.
 
 from __future__ import annotations
 
-import sys
 from typing import Callable, Sequence
 
 import torch
@@ -27,6 +26,7 @@ from torch import nn
 from trainer.config import RunConfig
 from trainer.data.batch import IGNORE, Batch, Capacity, collate, fixed_shape
 from trainer.data.layout import Sample
+from trainer.model.compiled import Guarded
 
 
 def capacity(cfg: RunConfig) -> Capacity:
@@ -52,7 +52,7 @@ def step_counts(cfg: RunConfig, micro_batches: Sequence[Batch]) -> torch.Tensor:
 def build_forward(cfg: RunConfig, module: nn.Module) -> Callable[[Batch], tuple[torch.Tensor, torch.Tensor]]:
     """batch -> module(batch, loss_sums=True): compiled whole (CompiledForward) for the fast step with runtime.compile."""
     if cfg.fast_step and cfg.runtime.compile:
-        return CompiledForward(module, cuda_graph=cfg.runtime.cuda_graph)
+        return CompiledForward(module, cuda_graph=cfg.runtime.cuda_graph, fallback=cfg.runtime.compile_fallback == "eager")
     return lambda batch: module(batch, loss_sums=True)
 
 
@@ -67,27 +67,32 @@ def device_counts(micro_batches: Sequence[Batch]) -> torch.Tensor:
 class CompiledForward:
     """model(batch, loss_sums=True), torch.compile'd with static shapes (dynamic=False) and, with
     cuda_graph, mode="reduce-overhead": the forward's and the backward's kernels are then replayed as
-    CUDA graphs, dropout's RNG offset advancing with each replay. If compiling fails the model runs
-    eager from then on, after one warning line: the maths is the same.
+    CUDA graphs, dropout's RNG offset advancing with each replay. A failure to compile follows the run's
+    rule (trainer/model/compiled.py): an error, or with `fallback` eager from then on: the maths is the same.
 
     The Batch is passed whole: dynamo guards only on the fields the forward reads (tensors of fixed
     shapes and the constant max_seqlen), not on the host counts that change every step, so one
     compilation serves the whole run (a test counts them)."""
 
-    def __init__(self, model: nn.Module, cuda_graph: bool = False, backend: str | Callable = "inductor"):
+    def __init__(self, model: nn.Module, cuda_graph: bool = False, backend: str | Callable = "inductor",
+                 fallback: bool = False):
         self.model, self.cuda_graph = model, cuda_graph
         options = {"mode": "reduce-overhead"} if cuda_graph else {}
         self.compiled = torch.compile(model, dynamic=False, backend=backend, **options)
-        self.failed: str | None = None
+        self.guard = Guarded(self._compiled_call, self._eager_call, "the fast step's model", fallback)
+
+    @property
+    def failed(self) -> str | None:
+        """Why compiling failed (the model then runs eager); None while it has not."""
+        return self.guard.failed
 
     def __call__(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.failed is None:
-            try:
-                if self.cuda_graph:  # a new step: the previous replay's outputs may be overwritten from here on
-                    torch.compiler.cudagraph_mark_step_begin()
-                return self.compiled(batch, loss_sums=True)
-            except Exception as e:  # noqa: BLE001 - whatever broke the compiler, eager computes the same
-                self.failed = f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0][:200]}"
-                print(f"warning: torch.compile of the fast step failed ({self.failed}); it runs eager",
-                      file=sys.stderr, flush=True)
+        return self.guard(batch)
+
+    def _compiled_call(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.cuda_graph:  # a new step: the previous replay's outputs may be overwritten from here on
+            torch.compiler.cudagraph_mark_step_begin()
+        return self.compiled(batch, loss_sums=True)
+
+    def _eager_call(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         return self.model(batch, loss_sums=True)

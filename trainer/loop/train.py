@@ -37,13 +37,17 @@ from trainer.loop.tally import Tally
 from trainer.loop.warmup import warm_up
 from trainer.mlperf import RunLogger, logged_run_stop
 from trainer.model.bert import BertForPreTraining
+from trainer.model.compiled import CompileFailed
 from trainer.model.weights import WeightsError, load_pretrained_file, tf_variable_names
 from trainer.optim import build_optimizer, learning_rate, loss_scale, mlperf_keys, set_learning_rate, take_step
 from trainer.parallel import distributed
 from trainer.parallel.exchange import build_exchange
 from trainer.parallel.gradients import GradientSync
 
-USER_ERRORS = (distributed.LaunchError, DataError, ShardError, WeightsError, PathError, OutputError, CapacityError)
+# CompileFailed: the node cannot compile what the recipe asks to (met in the warm-up, before run_start); the
+# line names runtime.compile and runtime.compile_fallback
+USER_ERRORS = (distributed.LaunchError, DataError, ShardError, WeightsError, PathError, OutputError, CapacityError,
+               CompileFailed)
 
 
 class Trainer:
@@ -66,7 +70,8 @@ class Trainer:
         self.mllog.hyperparameters(cfg, self.seed, mlperf_keys(cfg.optim))
         if cfg.mlperf.legacy_keys:
             self.mllog.weights_initialization(tf_variable_names(self.model))
-        self.optimizer = build_optimizer(self.model, cfg.optim, cfg.runtime.kernels == "apex", self.device.type)
+        self.optimizer = build_optimizer(self.model, cfg.optim, cfg.runtime.kernels == "apex", self.device.type,
+                                         compiled=cfg.runtime.compile, compile_fallback=cfg.runtime.compile_fallback == "eager")
         self.ddp = DistributedDataParallel(self.model, gradient_as_bucket_view=True) if distributed.initialized() else None
         self.grads = GradientSync(self.model, self.ddp, cfg.optim)
         self.exchange = build_exchange(cfg.balance, cfg.data, self.device, self.env.world_size)
@@ -256,8 +261,9 @@ def rewind_to_checkpoint(log: Path, position: int | None) -> None:
 
 def build_model(cfg: RunConfig, device: torch.device) -> BertForPreTraining:
     # the fast step compiles the whole model (Trainer.forward), not the pointwise tails alone
-    model = BertForPreTraining(cfg.model, fused_kernels=cfg.runtime.kernels == "apex",
-                               attention=cfg.runtime.attention, compile=cfg.runtime.compile and not cfg.fast_step)
+    model = BertForPreTraining(cfg.model, fused_kernels=cfg.runtime.kernels == "apex", attention=cfg.runtime.attention,
+                               compile=cfg.runtime.compile and not cfg.fast_step,
+                               compile_fallback=cfg.runtime.compile_fallback == "eager")
     if cfg.train.init_checkpoint:
         load_pretrained_file(model, expand_path(cfg.train.init_checkpoint))
     return model.to(device).train()

@@ -10,8 +10,8 @@ phase-1 checkpoint and ours are interchangeable. What makes it fast where it mat
   linear layer and the attention see real tokens only; `attention` picks the variable-length
   kernel (trainer/model/attention.py);
 - `compile=True` runs the encoder layers' pointwise tails (bias + GELU; bias + dropout + residual
-  + LayerNorm) as torch.compile'd fused kernels; if compiling fails the model runs eager, after
-  one warning line.
+  + LayerNorm) as torch.compile'd fused kernels; a failure to compile ends the run, or with
+  `compile_fallback` the model runs eager after one warning line (trainer/model/compiled.py).
 
 The decoder uses the vocabulary padded to a multiple of 8, sliced back to the real vocabulary
 (trainer/model/mlm_loss.py), so the padded rows never take part in the softmax. In training
@@ -22,8 +22,6 @@ over large tensors cost as much as the GEMMs' remainder.
 
 from __future__ import annotations
 
-import sys
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -32,6 +30,7 @@ from trainer.config import ModelConfig
 from trainer.data.batch import IGNORE, Batch
 from trainer.model.apex_kernels import apex_missing
 from trainer.model.attention import check_backend_name, padded_attention, varlen_attention
+from trainer.model.compiled import Guarded
 from trainer.model.dropout import dropout
 from trainer.model.flash_varlen import packed_attention
 from trainer.model.mlm_loss import masked_lm_loss_sum, vocab_logits
@@ -97,40 +96,41 @@ class Pointwise:
     """The encoder layers' pointwise tails, eager or torch.compile'd; one instance per model.
 
     Compiled, each is one fused kernel forward and one backward instead of 3-4 passes over the
-    activations. A failure to compile (no C++ compiler, an unsupported op, ...) switches the
-    model to eager for good, with one warning line: the maths is the same. torch compiles a
-    backward only when it first runs, outside any forward, so the first call of each function
-    is a trial forward and backward on copies of its inputs (the RNG state restored after it):
-    both compilations fail, or not, inside the guard.
+    activations. A failure to compile (no C++ compiler, an unsupported op, ...) follows the run's rule
+    (trainer/model/compiled.py: an error, or with `fallback` the whole model eager from then on after one
+    warning line). torch compiles a backward only when it first runs, outside any forward, so the first
+    call of each function is a trial forward and backward on copies of its inputs (the RNG state restored
+    after it): both compilations fail, or not, inside the guard.
     """
 
-    def __init__(self, compile: bool, backend="inductor"):
+    def __init__(self, compile: bool, backend="inductor", fallback: bool = False):
         self.compiled = compile
-        self.failed: str | None = None  # why compiling failed
-        self.tried: set = set()  # the compiled functions whose trial passed
-        if compile:  # shapes dynamic: the token count changes every step
-            self._bias_gelu = torch.compile(bias_gelu, dynamic=True, backend=backend)
-            self._residual_ln = torch.compile(bias_dropout_residual_layer_norm, dynamic=True, backend=backend)
+        self.eager = {f.__name__: f for f in (bias_gelu, bias_dropout_residual_layer_norm)}
+        # shapes dynamic: the token count changes every step
+        self.functions = {name: torch.compile(f, dynamic=True, backend=backend) for name, f in self.eager.items()} if compile else {}
+        self.tried: set[str] = set()  # the compiled functions whose trial passed
+        self.guard = Guarded(self._compiled_call, self._eager_call, "the encoder's pointwise tails", fallback)
+
+    @property
+    def failed(self) -> str | None:
+        """Why compiling failed; None while it has not."""
+        return self.guard.failed
 
     def bias_gelu(self, x, bias):
-        return self._guarded(self._bias_gelu, bias_gelu, x, bias)
+        return self.guard("bias_gelu", x, bias)
 
     def bias_dropout_residual_layer_norm(self, x, bias, residual, norm: nn.Module, p: float, training: bool):
-        args = (x, bias, residual, norm.weight, norm.bias, norm.eps, p, training)
-        return self._guarded(self._residual_ln, bias_dropout_residual_layer_norm, *args)
+        return self.guard("bias_dropout_residual_layer_norm", x, bias, residual, norm.weight, norm.bias, norm.eps, p, training)
 
-    def _guarded(self, compiled, eager, *args):
-        if self.failed is None:
-            try:
-                if compiled not in self.tried:
-                    _trial_forward_backward(compiled, args)
-                    self.tried.add(compiled)
-                return compiled(*args)
-            except Exception as e:  # noqa: BLE001 - whatever broke the compiler, eager computes the same
-                self.failed = _root_cause(e)
-                print(f"warning: torch.compile failed ({self.failed}); runtime.compile falls back to eager",
-                      file=sys.stderr, flush=True)
-        return eager(*args)
+    def _compiled_call(self, name: str, *args):
+        compiled = self.functions[name]
+        if name not in self.tried:
+            _trial_forward_backward(compiled, args)
+            self.tried.add(name)
+        return compiled(*args)
+
+    def _eager_call(self, name: str, *args):
+        return self.eager[name](*args)
 
 
 def _trial_forward_backward(function, args) -> None:
@@ -148,13 +148,6 @@ def _copy_like(tensor: torch.Tensor) -> torch.Tensor:
     if isinstance(tensor, nn.Parameter):
         return nn.Parameter(copy, requires_grad=tensor.requires_grad)
     return copy.requires_grad_(tensor.requires_grad)
-
-
-def _root_cause(error: BaseException) -> str:
-    """'Type: first line' of the innermost cause (torch wraps compiler errors in its own)."""
-    while (error.__cause__ or error.__context__) is not None:
-        error = error.__cause__ or error.__context__
-    return f"{type(error).__name__}: {(str(error).strip().splitlines() or [''])[0][:200]}"
 
 
 # bias.to(x.dtype): under autocast x is the GEMM's bf16/fp16 output and the bias fp32 (the eager
@@ -298,14 +291,16 @@ class BertForPreTraining(nn.Module):
     attention: the variable-length attention backend, runtime.attention (auto | flash_attn |
     nested | per_sequence); an unknown name or flash_attn without the package raises
     AttentionUnavailable here, a device/dtype that cannot run the choice at the first forward;
-    compile: torch.compile the encoder layers' pointwise tails (runtime.compile).
+    compile: torch.compile the encoder layers' pointwise tails (runtime.compile); compile_fallback: run them
+    eager if that fails (runtime.compile_fallback: eager) instead of raising CompileFailed.
     """
 
-    def __init__(self, cfg: ModelConfig, fused_kernels: bool = False, attention: str = "auto", compile: bool = False):
+    def __init__(self, cfg: ModelConfig, fused_kernels: bool = False, attention: str = "auto", compile: bool = False,
+                 compile_fallback: bool = False):
         super().__init__()
         check_backend_name(attention)
         self.config = cfg
-        self.bert = BertModel(cfg, fused_kernels, attention, Pointwise(compile))
+        self.bert = BertModel(cfg, fused_kernels, attention, Pointwise(compile, fallback=compile_fallback))
         self.cls = BertPreTrainingHeads(cfg, fused_kernels, self.bert.embeddings.word_embeddings)
         self.apply(self._init_weights)
 
