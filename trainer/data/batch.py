@@ -21,6 +21,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from trainer.balance.algorithms import pack_sequences
 from trainer.data.layout import Sample
 
 
@@ -200,3 +201,17 @@ def _check_fits(batch: Batch, cap: Capacity) -> None:
 
 def _pad(values: torch.Tensor, size: int, fill: int) -> torch.Tensor:
     return torch.cat([values, torch.full((size - len(values),), fill, dtype=values.dtype)])
+
+
+def packed_fixed_batches(samples: Sequence[Sample], packs: int, pack_length: int, per_pack: int) -> list[Batch]:
+    """`samples` packed (at most `per_pack` sequences and `pack_length` tokens a pack) into batches of `packs`
+    packs, all of one fixed shape: the one the fullest of them needs, known before the first is used, so
+    a compiled function of them never recompiles and none exceeds it (the evaluation's batches on the fast
+    step: trainer/loop/evaluate.py)."""
+    rows = pack_sequences(np.array([len(s) for s in samples]), pack_length, per_pack)
+    plain = [collate([samples[i] for row in rows[k:k + packs] for i in row], unpadded=True) for k in range(0, len(rows), packs)]
+    if not plain:
+        return []
+    cap = Capacity(tokens=packs * pack_length, sequences=max(b.num_sequences for b in plain),
+                   masked=max(b.num_masked for b in plain), max_seqlen=pack_length)
+    return [fixed_shape(b, cap) for b in plain]

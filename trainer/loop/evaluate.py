@@ -1,24 +1,29 @@
 """Evaluation: masked-LM accuracy over the eval set, summed over ranks.
 
 The eval set is read once, split into contiguous per-rank slices (NVIDIA's scheme: the first
-`rem` ranks get one extra sample), collated into batches and kept on the device. Accuracy is
+`rem` ranks get one extra sample), collated into batches and kept on the device: for the fast step
+(runtime.step) packed into fixed-shape batches and, with runtime.compile, summed by a compiled
+function (compiled in the warm-up, before the run's clock starts); else as the run trains. Accuracy is
 correct masked tokens / masked tokens over all ranks, the same as the reference's weighted
-`tf.metrics.accuracy`.
+`tf.metrics.accuracy`; both paths count the same tokens right (tests/test_evaluate.py).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import nn
 
-from trainer.config import DataConfig, RunConfig, expand_path
-from trainer.data.batch import Batch, collate
+from trainer.config import RunConfig, expand_path
+from trainer.data.batch import IGNORE, Batch, collate, packed_fixed_batches
 from trainer.data.dataset import DataError
 from trainer.data.layout import Sample, Shard, shard_files
+from trainer.model.compiled import Guarded
 
 
 def rank_slice(total: int, rank: int, world: int) -> tuple[int, int]:
@@ -57,29 +62,49 @@ def unigram_baseline(samples: list[Sample]) -> float:
 
 
 def build_evaluator(cfg: RunConfig, rank: int, world: int, device) -> Evaluator | None:
-    """The run's evaluator; None when the run has no eval set (data.eval_dir)."""
-    if not cfg.data.eval_dir:
+    """The run's evaluator; None when the run has no eval set (data.eval_dir). The fast step's runs evaluate
+    on its path (trainer/data/batch.py::packed_fixed_batches, compiled with runtime.compile); the others as they train. The eval
+    shards are checked against the model's vocabulary and positions (not the data section's lengths: phase 1
+    trains at 128 tokens and evaluates on the 512-token set)."""
+    data, model = cfg.data, cfg.model
+    if not data.eval_dir:
         return None
-    return Evaluator(cfg.data, cfg.train.eval_batch_size, rank, world, cfg.runtime.unpad, device,
-                     vocab_size=cfg.model.vocab_size, max_positions=cfg.model.max_position_embeddings)
+    everything = read_eval_samples(expand_path(data.eval_dir), data.eval_samples, model.vocab_size, model.max_position_embeddings)
+    start, end = rank_slice(len(everything), rank, world)
+    mine = everything[start:end]
+    if cfg.fast_step:
+        # twice the training micro-batch's packs: without gradients they fit
+        batches = packed_fixed_batches(mine, 2 * cfg.train.batch_size, model.max_position_embeddings, cfg.balance.pack_sequences)
+    else:
+        size = cfg.train.eval_batch_size
+        batches = [collate(mine[i:i + size], unpadded=cfg.runtime.unpad) for i in range(0, len(mine), size)]
+    sums = eval_sums
+    if cfg.fast_step and cfg.runtime.compile:
+        sums = Guarded(torch.compile(eval_sums, dynamic=False), eval_sums, "the evaluation", cfg.runtime.compile_fallback == "eager")
+    return Evaluator(everything, [b.to(device) for b in batches], sums, device, world)
+
+
+def eval_sums(model: nn.Module, batch: Batch) -> torch.Tensor:
+    """[correct masked tokens, their summed cross-entropy, masked tokens] of one batch, on the device
+    (padding slots, labelled IGNORE, count in none)."""
+    mlm_logits, _ = model(batch)
+    logits = mlm_logits.float()
+    real = batch.mlm_labels != IGNORE
+    correct = ((logits.argmax(-1) == batch.mlm_labels) & real).sum()
+    loss = F.cross_entropy(logits, batch.mlm_labels, ignore_index=IGNORE, reduction="sum")
+    return torch.stack([correct.float(), loss, real.sum().float()])
 
 
 class Evaluator:
-    def __init__(self, data: DataConfig, batch_size: int, rank: int, world: int, unpadded: bool, device,
-                 vocab_size: int | None = None, max_positions: int | None = None):
-        """The eval shards are checked against the model's vocabulary and positions (not the data section's
-        lengths: phase 1 trains at 128 tokens and evaluates on the 512-token set)."""
-        start, end = rank_slice(data.eval_samples, rank, world)
-        everything = read_eval_samples(expand_path(data.eval_dir), data.eval_samples, vocab_size, max_positions)
+    """Masked-LM accuracy of a model over the eval set: this rank's batches, kept on the device, and the
+    function that sums one batch's counts (`eval_sums`, compiled or not)."""
+
+    def __init__(self, everything: list[Sample], batches: list[Batch], sums: Callable[[nn.Module, Batch], torch.Tensor],
+                 device, world: int):
         self.baseline = unigram_baseline(everything)
         self.masked = sum(len(s.masked_lm_ids) for s in everything)
         self.samples = len(everything)
-        mine = everything[start:end]
-        self.batches: list[Batch] = [
-            collate(mine[i:i + batch_size], unpadded=unpadded).to(device) for i in range(0, len(mine), batch_size)
-        ]
-        self.device = device
-        self.world = world
+        self.batches, self.sums, self.device, self.world = batches, sums, device, world
 
     def describe(self) -> str:
         """The eval set in one line, with what learning nothing but token frequencies would score on it."""
@@ -94,13 +119,20 @@ class Evaluator:
         totals = torch.zeros(3, dtype=torch.float64, device=self.device)  # correct, loss sum, masked
         for batch in self.batches:
             with autocast():
-                mlm_logits, _ = model(batch)
-            mlm_logits = mlm_logits.float()
-            totals[0] += (mlm_logits.argmax(-1) == batch.mlm_labels).sum()
-            totals[1] += torch.nn.functional.cross_entropy(mlm_logits, batch.mlm_labels, reduction="sum")
-            totals[2] += batch.num_masked
+                totals += self.sums(model, batch)
         if self.world > 1:
             dist.all_reduce(totals)
         model.train(was_training)
         correct, loss, masked = totals.tolist()
         return correct / max(masked, 1.0), loss / max(masked, 1.0)
+
+    @torch.no_grad()
+    def warm_up(self, model: nn.Module, autocast) -> None:
+        """One batch through the evaluation, nothing counted: a compiled evaluation compiles here, before
+        the run's clock starts, not inside its first timed evaluation."""
+        if self.batches:
+            was_training = model.training
+            model.eval()
+            with autocast():
+                self.sums(model, self.batches[0])
+            model.train(was_training)

@@ -228,6 +228,8 @@ class Trainer:
         the preflight's train_steps and the GPU checks call it too."""
         if passes := warm_up(self.cfg, self.exchange, self.device, self.forward_backward, self.optimizer):
             self.say(f"warm-up: {passes} forward/backward pass(es) at length {self.cfg.data.max_seq_length}")
+        if self.evaluator:  # a compiled evaluation compiles now, not inside the first timed evaluation
+            self.evaluator.warm_up(self.model, self.autocast)
 
     # ---- checkpoints --------------------------------------------------------------------------
 
