@@ -101,3 +101,80 @@ def test_the_records_index_lists_every_record():
     listed = {target.partition("#")[0] for target in links(RECORDS_INDEX.read_text())}
     missing = [name for name in record_files() if name not in listed]
     assert len(record_files()) > 20 and not missing, f"benchmarks/results/README.md lists no line for {missing}"
+
+
+def section(page: Path, heading: str) -> str:
+    """The text under `## heading` up to the next heading of that level."""
+    text = page.read_text()
+    assert f"\n## {heading}\n" in text, f"{page.relative_to(REPO)} has no section '## {heading}'"
+    return text.split(f"\n## {heading}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def table_rows(text: str) -> list[list[str]]:
+    """The cells of each body row of the Markdown tables in `text` (header and rule rows left out)."""
+    rows = [[c.strip() for c in line.strip().strip("|").split("|")] for line in text.splitlines() if line.startswith("|")]
+    return [r for r in rows if not set(r[0]) <= set("-: ")][1:] if rows else []
+
+
+def resolved_recipe(name: str, with_gpu: bool, monkeypatch) -> list[str]:
+    """What a shipped cluster file runs, as the trainer guide's table writes it. Stand-in: the GPU probe's
+    answer (this machine has none), for `resources.gpus_per_node: auto`; the loading and resolving are real."""
+    from orchestrator.config import local_gpus
+    from orchestrator.config.clusters import load_cluster
+
+    monkeypatch.setattr(local_gpus, "visible_gpus", lambda environ=None: 1 if with_gpu else 0)
+    run = load_cluster(name).config.run
+    yes_no = {True: "yes", False: "no"}
+    return [run.runtime.device, run.runtime.precision, "fast" if run.fast_step else "reference",
+            yes_no[run.runtime.compile], yes_no[run.runtime.cuda_graph], run.runtime.kernels, run.optim.name]
+
+
+def test_the_trainer_guides_recipe_table_says_what_each_shipped_cluster_runs(monkeypatch):
+    """docs/trainer.md's "Which recipe runs what": every shipped cluster has a row (`local` also on a GPU),
+    and each row's device, precision, step, compile, CUDA graphs, kernels and optimizer are what the file
+    resolves to. A recipe changed without its row fails here, with the row to write."""
+    from orchestrator.config.clusters import cluster_files
+
+    rows = table_rows(section(REPO / "docs" / "trainer.md", "Which recipe runs what"))
+    named = {}
+    for row in rows:
+        name, _, where = row[0].partition(" ")
+        named[(name.strip("`"), where == "on a GPU")] = row[1:8]
+    shipped = {name for name, path in cluster_files().items() if path.parent == REPO / "clusters"}
+    assert {name for name, _ in named} == shipped and (("local", True) in named)
+    for (name, with_gpu), cells in named.items():
+        expected = resolved_recipe(name, with_gpu, monkeypatch)
+        assert cells == expected, (f"docs/trainer.md: the row of `{name}`{' on a GPU' if with_gpu else ''} says {cells}; "
+                                   f"the file resolves to: | {' | '.join(expected)} |")
+
+
+def test_the_cluster_guides_key_table_lists_every_key():
+    """docs/clusters.md's "The keys": a row per section of the cluster file (each run: section apart), every
+    key it names exists, and every key of a section is named (or its dotted prefix is), unless the row
+    ends its list with `...`."""
+    from orchestrator.config.clusters import ClusterConfig
+    from orchestrator.config.configfile import schema_keys
+
+    schema: dict[str, set[str]] = {}
+    for key in schema_keys(ClusterConfig):
+        parts = key.rstrip(".").split(".")
+        cut = 2 if parts[0] == "run" else 1
+        schema.setdefault(".".join(parts[:cut]), set()).add(".".join(parts[cut:]))
+    rows = {row[0].strip("`"): row[1] for row in table_rows(section(REPO / "docs" / "clusters.md", "The keys"))}
+    assert set(rows) == set(schema), f"sections without a row: {set(schema) - set(rows)}; rows of no section: {set(rows) - set(schema)}"
+
+    def covered(key: str, listed: set[str]) -> bool:
+        return any(key == name or key.startswith(name + ".") for name in listed)
+
+    for name, cell in rows.items():
+        listed = set(re.findall(r"`([^`]+)`", cell))
+        keys = schema[name] - {""}
+        assert all(any(covered(k, {n}) for k in keys) for n in listed), f"`{name}` names keys it does not have: {listed}"
+        if "..." not in cell:
+            assert all(covered(k, listed) for k in keys), f"`{name}` leaves out {sorted(k for k in keys if not covered(k, listed))}"
+
+
+def test_every_benchmark_script_is_named_in_the_contributors_guide():
+    text = (REPO / "CONTRIBUTING.md").read_text()
+    unnamed = [p.name for p in sorted((REPO / "benchmarks").glob("*.py")) if f"benchmarks/{p.name}" not in text]
+    assert not unnamed, f"CONTRIBUTING.md's benchmark list leaves out {unnamed}"

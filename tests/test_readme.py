@@ -1,5 +1,6 @@
-"""Every command the README shows is exercised: the cheap ones run here and their output is compared
-with what the README prints; the long ones are run word for word by the tests named below."""
+"""Every command the README, CONTRIBUTING.md and the guides under docs/ show is exercised: the cheap ones
+run here and their output is compared with what the page prints; the long ones are run word for word by
+the tests named below. (Links between the pages: tests/test_docs.py.)"""
 
 import json
 import re
@@ -11,7 +12,13 @@ from test_demo import MAIN_JOB
 
 from orchestrator.config.local_gpus import visible_gpus
 
-README = (REPO / "README.md").read_text()
+
+def doc_pages() -> list[Path]:
+    """The pages whose commands a user copies: the front page, the contributor's guide and every guide."""
+    return [REPO / "README.md", REPO / "CONTRIBUTING.md", *sorted((REPO / "docs").rglob("*.md"))]
+
+
+PAGES = {page.relative_to(REPO).as_posix(): page.read_text() for page in doc_pages() if page.is_file()}
 
 # command -> the test that runs it word for word (they need a finished experiment, Slurm or hours)
 MIRRORED = {
@@ -25,6 +32,9 @@ MIRRORED = {
     "bertctl plot last": "tests/test_demo.py::test_the_same_experiment_on_the_ci_slurm_cluster",
     "bertctl submit --cluster ci_slurm --test-only": "tests/test_slurm.py::test_test_only_asks_slurm_and_oversized_jobs_are_refused",
     "bertctl submit --cluster ci_slurm --probe": "tests/test_slurm.py::test_two_nodes_times_two_tasks_report_their_ranks_and_nodes",
+    # docs/preflight.md: on a fresh $BERTCTL_HOME, the timing windows shortened through the environment
+    "bertctl preflight --cluster local": "tests/test_preflight_shipped.py::test_preflight_on_the_local_cluster_as_typed",
+    "bertctl preflight --cluster ci_slurm": "tests/test_preflight_shipped.py::test_preflight_on_the_ci_slurm_cluster_as_typed",
     # the GPU suite's device command: rehearsed on the CPU (make gpu-wheels for this Python's version, then the
     # same script with --device cpu --quick) in a Python like the GPU machine's
     "make gpu-wheels": "tests/test_device_run.py::wheels",
@@ -41,9 +51,9 @@ MIRRORED = {
 
 
 def readme_commands() -> list[tuple[str, str]]:
-    """(command, the output the README shows after it) for every `$ ` line in a console block."""
+    """(command, the output the page shows after it) for every `$ ` line in a console block of every page."""
     found = []
-    for block in re.findall(r"```console\n(.*?)```", README, re.S):
+    for block in (b for text in PAGES.values() for b in re.findall(r"```console\n(.*?)```", text, re.S)):
         lines = block.splitlines()
         for i, line in enumerate(lines):
             if line.startswith("$ "):
@@ -60,22 +70,29 @@ TABLE_COMMAND = re.compile(r"`((?:bertctl|bash|make|python) [^`]+)`")
 
 
 def readme_table_commands() -> list[tuple[str, str]]:
-    """(command, "") for every command a Markdown table row of the README shows in backticks."""
-    return [(cmd, "") for line in README.splitlines() if line.startswith("|") for cmd in TABLE_COMMAND.findall(line)]
+    """(command, "") for every command a Markdown table row of a page shows in backticks."""
+    return [(cmd, "") for text in PAGES.values() for line in text.splitlines() if line.startswith("|")
+            for cmd in TABLE_COMMAND.findall(line)]
 
 
 def all_readme_commands() -> list[tuple[str, str]]:
-    return readme_commands() + readme_table_commands()
+    """Each (command, shown output) once, however many pages show it."""
+    return list(dict.fromkeys(readme_commands() + readme_table_commands()))
+
+
+def test_every_page_is_read():
+    assert {"README.md", "CONTRIBUTING.md", "docs/clusters.md", "docs/gpu.md"} <= set(PAGES)
+    assert len(readme_commands()) > 15
 
 
 def test_the_readme_tables_commands_are_read():
-    """The stage table's GPU command is found (a test that reads no table cannot fail on one)."""
+    """The GPU guide's stage table's command is found (a test that reads no table cannot fail on one)."""
     assert GPU_COMMAND in [cmd for cmd, _ in readme_table_commands()]
 
 
 def test_every_readme_command_is_run_here_or_by_a_named_test():
     unknown = [cmd for cmd, _ in all_readme_commands() if cmd not in MIRRORED and cmd not in RUN_HERE]
-    assert not unknown, f"README commands no test exercises: {unknown}"
+    assert not unknown, f"commands shown on the pages that no test exercises (add them to RUN_HERE or MIRRORED): {unknown}"
 
 
 def test_make_targets_are_the_readme_commands():

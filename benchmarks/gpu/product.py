@@ -1,4 +1,4 @@
-"""Stage b: the product end to end, as a user runs it: the README's `bertctl submit --cluster local` GPU
+"""Stage b: the product end to end, as a user runs it: the GPU guide's `bertctl submit --cluster local` GPU
 command on the embedded sample dataset (prepared here, phase 1 included), `--follow` to its end, then
 `bertctl compliance-check` (the official MLPerf checker) on its log.
 
@@ -27,17 +27,17 @@ QUICK_OVERRIDES = [f"-o{key}={value}" for key, value in {
     "run.data.eval_samples": 50}.items()]
 
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+GPU_GUIDE = Path(__file__).resolve().parents[2] / "docs" / "gpu.md"
 REFUSED_WITHOUT_GPU = "run.runtime.device: cuda, but this machine has no GPU"
 
 
 def readme_gpu_command() -> list[str]:
-    """The words of the command the README's stage table gives for stage b (bertctl submit --cluster local
-    -o run.runtime.device=cuda -o run.runtime.precision=bf16 --nexp 1 --follow), read from the README so the
+    """The words of the command the stage table of docs/gpu.md gives for stage b (bertctl submit --cluster local
+    -o run.runtime.device=cuda -o run.runtime.precision=bf16 --nexp 1 --follow), read from the guide so the
     stage runs what users read."""
-    row = next(line for line in README.read_text(encoding="utf-8").splitlines() if line.startswith("| b product |"))
+    row = next(line for line in GPU_GUIDE.read_text(encoding="utf-8").splitlines() if line.startswith("| b product |"))
     words = shlex.split(re.search(r"`([^`]+)`", row).group(1))
-    assert words[:2] == ["bertctl", "submit"], f"README's stage b row names no bertctl submit command: {row[:120]}"
+    assert words[:2] == ["bertctl", "submit"], f"docs/gpu.md's stage b row names no bertctl submit command: {row[:120]}"
     return words[1:]
 
 
@@ -47,7 +47,7 @@ def auto_command(quick: bool) -> list[str]:
 
 
 def product_end_to_end(device: str, quick: bool, deadline: float, log: Path) -> dict:
-    """On a GPU: the README's command word for word (--quick adds its overrides). On a CPU (the
+    """On a GPU: the GPU guide's command word for word (--quick adds its overrides). On a CPU (the
     rehearsal): the same words must be refused in one line, exit 2, nothing submitted, and the
     device-less submit then runs on the CPU."""
     with tempfile.TemporaryDirectory(prefix="bertctl-gpu-product-") as home:
@@ -90,12 +90,12 @@ def product_end_to_end(device: str, quick: bool, deadline: float, log: Path) -> 
 
 
 def refused_without_gpu(args: list[str], deadline: float, log: Path, env: dict, home: Path) -> str:
-    """On a machine without a GPU the README's command must stop before anything is written: one line
+    """On a machine without a GPU the GPU guide's command must stop before anything is written: one line
     on stderr naming run.runtime.device, exit 2."""
-    refused = run_child(args, deadline, log, "bertctl submit (the README's words, no GPU here)", env)
+    refused = run_child(args, deadline, log, "bertctl submit (the GPU guide's words, no GPU here)", env)
     lines = refused.stderr.strip().splitlines()
     assert refused.returncode == 2 and len(lines) == 1 and REFUSED_WITHOUT_GPU in lines[0], \
-        f"the README's GPU command on a machine without a GPU: {refused.reason()}"
+        f"the GPU guide's command on a machine without a GPU: {refused.reason()}"
     assert not any(Path(home, "experiments").glob("*")), "the refused command left an experiment behind"
     return lines[0]
 
