@@ -92,3 +92,20 @@ def test_auto_is_for_the_local_executor_only(gpus):
     gpus(8)
     with pytest.raises(UserError, match="resources.gpus_per_node: auto probes the machine bertctl runs on"):
         load_cluster("ci_slurm", ["resources.gpus_per_node=auto"])
+
+
+@pytest.mark.parametrize("overrides,expected", [
+    ([], (True, "bf16", True, True, True)),
+    (["run.runtime.precision=fp16"], (True, "fp16", True, False, True)),  # fp16's loss scaler decides on the host: no graphs
+    (["run.runtime.step=reference"], (False, "bf16", True, False, True)),  # graphs replay the fast step only
+    (["run.balance.stratified=true"], (False, "bf16", True, False, False)),  # the batches chosen: stratified, not packs
+    (["run.runtime.cuda_graph=false", "run.runtime.compile=false"], (True, "bf16", False, False, True)),
+])
+def test_on_gpus_local_runs_the_fast_step_as_measured_unless_an_override_decides(gpus, overrides, expected):
+    """(fast step, precision, compile, CUDA graphs, packs) of the run; phase 1 packs its batches too."""
+    gpus(1)
+    c = load_cluster("local", overrides).config
+    rt = c.run.runtime
+    assert (c.run.fast_step, rt.precision, rt.compile, rt.cuda_graph, c.run.balance.packing) == expected
+    assert (c.run.balance.pack_sequences, c.run.balance.stratified) == ((3, False) if expected[4] else (None, True))
+    assert c.phase1_run().balance.packing and c.phase1_run().runtime.unpad

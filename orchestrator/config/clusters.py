@@ -19,7 +19,17 @@ from pydantic import AfterValidator, BeforeValidator, Field, StringConstraints, 
 from orchestrator import resources
 from orchestrator.config import configfile, local_gpus
 from orchestrator.errors import UserError
-from trainer.config import ConfigProblem, DataConfig, OptimConfig, RunConfig, RuntimeConfig, Section, TrainConfig, first_problem
+from trainer.config import (
+    BalanceConfig,
+    ConfigProblem,
+    DataConfig,
+    OptimConfig,
+    RunConfig,
+    RuntimeConfig,
+    Section,
+    TrainConfig,
+    first_problem,
+)
 
 # Unicode's control (Cc), format (Cf: bidi overrides and isolates, zero-width characters) and line
 # and paragraph separators (Zl, Zp: U+2028, U+2029): a terminal or editor shows a line holding them
@@ -323,6 +333,7 @@ class PhaseOne(Section):
     optim: OptimConfig
     train: TrainConfig
     runtime: Optional[RuntimeConfig] = None  # default: the run's (at length 128 padding costs little)
+    balance: BalanceConfig = BalanceConfig()  # plain batches; packs on GPUs (orchestrator/config/local_gpus.py)
 
 
 class Prerequisites(Section):
@@ -389,6 +400,7 @@ class ClusterConfig(Section):
             "optim": p.optim.model_dump(),
             "train": {**p.train.model_dump(), "init_checkpoint": None},
             "runtime": (p.runtime or self.run.runtime).model_dump(),
+            "balance": p.balance.model_dump(),
             "checkpoint": {"final_model": self.run.train.init_checkpoint},
             "mlperf": {**self.run.mlperf.model_dump(), "division": "open"},
         }

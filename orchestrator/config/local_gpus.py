@@ -20,8 +20,11 @@ from orchestrator.errors import UserError
 
 AUTO = "auto"
 PROC_GPUS = Path("/proc/driver/nvidia/gpus")
-# what a run on the found GPUs sets, each unless an override names the key
-GPU_RUNTIME = {"device": "cuda", "backend": "nccl", "precision": "bf16"}
+# What a run (and phase 1) on the found GPUs sets, each unless an override names the key: the fast step
+# as it was measured (trainer/loop/fast_step.py: packs of at most 3 sequences, bf16, the whole model
+# compiled, its forward and backward replayed as CUDA graphs where they can run: bf16, the fast step)
+GPU_RUNTIME = {"device": "cuda", "backend": "nccl", "precision": "bf16", "unpad": True, "compile": True}
+GPU_BALANCE = {"stratified": False, "packing": True, "pack_sequences": 3}
 
 
 def installed_gpus() -> int:
@@ -88,24 +91,35 @@ def on_gpus(raw: dict[str, Any], gpus: int, given: set[str]) -> dict[str, Any]:
     set_unless_given(raw["resources"], "tasks_per_node", gpus, "resources.tasks_per_node", given)
     ranks = raw["resources"]["tasks_per_node"]
     run = raw["run"]
-    run["runtime"] = with_gpu_runtime(run.get("runtime"), "run.runtime", given)
+    run.update(fast_step_on_gpus(run, "run", given))
     train = run.get("train")
     if isinstance(train, dict) and isinstance(train.get("batch_size"), int):
         run["train"] = {**train}
         set_unless_given(run["train"], "global_batch_size", train["batch_size"] * ranks * train.get("gradient_accumulation_steps", 1),
                          "run.train.global_batch_size", given)
     phase1 = (raw.get("prepare") or {}).get("phase1")
-    if isinstance(phase1, dict) and phase1.get("runtime") is not None:
-        raw["prepare"] = {**raw["prepare"], "phase1": {**phase1, "runtime": with_gpu_runtime(
-            phase1["runtime"], "prepare.phase1.runtime", given)}}
+    if isinstance(phase1, dict):  # without a runtime of its own it takes the run's (and so needs packs too)
+        raw["prepare"] = {**raw["prepare"], "phase1": {**phase1, **fast_step_on_gpus(phase1, "prepare.phase1", given)}}
     return raw
 
 
-def with_gpu_runtime(runtime: Any, prefix: str, given: set[str]) -> dict[str, Any]:
-    runtime = dict(runtime or {})
-    for key, value in GPU_RUNTIME.items():
-        set_unless_given(runtime, key, value, f"{prefix}.{key}", given)
-    return runtime
+def fast_step_on_gpus(section: dict[str, Any], prefix: str, given: set[str]) -> dict[str, Any]:
+    """The runtime and balance sections of `section` (the run, or phase 1) for the fast step on GPUs: GPU_RUNTIME
+    (where the section has a runtime), GPU_BALANCE unless an override chose the batches, and CUDA graphs where
+    the result can replay them; each key unless an override names it."""
+    runtime = dict(section.get("runtime") or {}) if section.get("runtime") is not None or prefix == "run" else None
+    balance = dict(section.get("balance") or {})
+    if runtime is not None:
+        for key, value in GPU_RUNTIME.items():
+            set_unless_given(runtime, key, value, f"{prefix}.runtime.{key}", given)
+    if not given & {f"{prefix}.balance.{key}" for key in ("stratified", "packing", "bin_quotas")}:
+        balance.pop("bin_quotas", None)  # the strata's quotas go with stratified batches
+        for key, value in GPU_BALANCE.items():
+            set_unless_given(balance, key, value, f"{prefix}.balance.{key}", given)
+    replayable = (runtime or {}).get("precision", "bf16") == "bf16" and (runtime or {}).get("step") != "reference"
+    if runtime is not None and replayable and balance.get("packing"):
+        set_unless_given(runtime, "cuda_graph", True, f"{prefix}.runtime.cuda_graph", given)
+    return {"balance": balance, **({"runtime": runtime} if runtime is not None else {})}
 
 
 def set_unless_given(section: dict[str, Any], key: str, value: Any, dotted: str, given: set[str]) -> None:

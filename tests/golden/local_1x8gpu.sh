@@ -52,9 +52,10 @@ balance:
 runtime:
   device: cuda
   backend: nccl
-  precision: fp16
+  precision: bf16
   unpad: true
-  init_loss_scale: 1024.0
+  compile: true
+  cuda_graph: true
 mlperf:
   platform: 1x8 GPUs (local)
 BERTCTL_RUN_YAML_{digest}

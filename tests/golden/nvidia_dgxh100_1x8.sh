@@ -60,9 +60,10 @@ balance:
 runtime:
   device: cuda
   backend: nccl
-  precision: fp16
+  precision: bf16
   unpad: true
-  init_loss_scale: 1024.0
+  compile: true
+  cuda_graph: true
 mlperf:
   platform: 1xNVIDIA DGX H100
 BERTCTL_RUN_YAML_{digest}
