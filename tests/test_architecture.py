@@ -142,6 +142,18 @@ def test_no_two_modules_import_each_other_at_module_level():
     assert not cycles, f"import cycles: {cycles}"
 
 
+def test_no_module_imports_its_own_importer_even_inside_a_function():
+    """A function-level import back is a circle too, only hidden: trainer/loop/train.py once took RunArgs and
+    `fail` from its own caller, trainer/loop/entry.py (now both import trainer/loop/run_args.py). A package and
+    its own submodules are left out (a package's __init__ may name what its modules define)."""
+    modules = {module_name(p): p for p in python_files("orchestrator", "trainer")}
+    at_load = {name: module_level_dependencies(path, set(modules)) - {name} for name, path in modules.items()}
+    anywhere = {name: imported_modules(path, module_level_only=False) & set(modules) for name, path in modules.items()}
+    circles = sorted({tuple(sorted((a, b))) for a in modules for b in at_load[a] if a in anywhere[b]
+                      and not a.startswith(f"{b}.") and not b.startswith(f"{a}.")})
+    assert not circles, f"modules that import each other: {circles}"
+
+
 def module_level_dependencies(path: Path, modules: set[str]) -> set[str]:
     """The project modules this file imports as it loads. `from pkg import sub` depends on the
     submodule `pkg.sub` alone when every imported name is a submodule, else on `pkg` too."""

@@ -199,6 +199,31 @@ def test_a_bad_run_yaml_and_a_built_phase_answer_before_torch_loads(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_special_files_and_negative_numbers_are_one_line_before_torch_loads(tmp_path):
+    """A FIFO as --config once blocked forever, a folder or a negative --seed / --run-index was a traceback:
+    each is one line and exit 2, in one process that never imports torch (a FIFO that blocked would time out)."""
+    good = tiny_run_config(tmp_path)
+    fifo = tmp_path / "run.fifo"
+    os.mkfifo(fifo)
+    out = ["--out", str(tmp_path / "out")]
+    cases = [(["--config", str(fifo), *out], f"{fifo}: is a FIFO, not a regular file"),
+             (["--config", str(tmp_path), *out], f"{tmp_path}: is a directory, not a regular file"),
+             (["--config", "/dev/zero", *out], "/dev/zero: is a character device, not a regular file"),
+             (["--config", str(good), "--seed", "-7", *out], "argument --seed: must be a whole number from 0, got '-7'"),
+             (["--config", str(good), "--run-index", "-1", *out], "argument --run-index: must be a whole number from 0, got '-1'"),
+             (["--config", str(good), "--seed", "\u0661", *out], "argument --seed: must be a whole number from 0")]
+    probe = ("import contextlib, io, json, sys\nfrom trainer.loop.entry import main\nanswers = []\n"
+             "for argv in json.loads(sys.argv[1]):\n    err = io.StringIO()\n    with contextlib.redirect_stderr(err):\n"
+             "        try:\n            code = main(argv)\n        except SystemExit as e:\n            code = e.code\n"
+             "    answers.append([code, err.getvalue()])\nprint(json.dumps([answers, 'torch' in sys.modules]))")
+    proc = subprocess.run([sys.executable, "-c", probe, json.dumps([argv for argv, _ in cases])], capture_output=True,
+                          text=True, cwd=REPO, timeout=60)
+    answers, torch_loaded = json.loads(proc.stdout)
+    for (argv, said), (code, err) in zip(cases, answers):
+        assert code == 2 and err.count("\n") == 1 and err.startswith("error: ") and said in err, (argv, err)
+    assert not torch_loaded and not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize("limit", ["max_steps", "max_samples"])
 def test_packed_steps_read_their_sequence_counts_only_where_a_decision_needs_them(tmp_path, monkeypatch, limit):
     """With packing a step's global sequence count is only known on the device; reading it back

@@ -253,7 +253,7 @@ def train_steps(cfg, out: str, run_index: int, seed: int, steps: int, timing: Ti
     the best), and the compute of one step's batches alone, forward and backward under DDP's no_sync
     (no collective), timed in windows like the other figures; beside it the first step (data pipeline
     starting) and one whole evaluation, each timed once as the run pays them."""
-    from trainer.loop.entry import RunArgs
+    from trainer.loop.run_args import RunArgs
     from trainer.loop.train import Trainer
 
     # checkpoints in the preflight's own folder: never resume from, or write to, the run's; random weights

@@ -8,35 +8,36 @@ import argparse
 import contextlib
 import errno
 import fcntl
-import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 from trainer.config.paths import expand_path
+from trainer.config.regular import require_regular
+from trainer.loop.run_args import RunArgs, fail
 
 # what an OSError on a path of the user's (output folder, final model) means when it cannot take the run's files
 UNWRITABLE = {errno.ENOSPC, errno.EROFS, errno.EACCES, errno.EPERM, errno.EDQUOT, errno.ENOTDIR, errno.ENOENT, errno.EISDIR}
 
 
-@dataclass
-class RunArgs:
-    config: str
-    out: str
-    run_index: int = 0
-    seed: int | None = None
-    once: bool = False
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, with a bad argument said in one line (argparse adds its usage: two)."""
 
-    @property
-    def result_log(self) -> Path:
-        return Path(self.out) / "results" / f"result_{self.run_index}.txt"
+    def error(self, message: str):
+        raise SystemExit(fail(f"{self.prog}: {message}"))
+
+
+def whole_number(text: str) -> int:
+    """A whole number from 0 (a run index, a seed): `-1` is refused here, not a traceback in numpy's seeding."""
+    if not text.isascii() or not text.strip().isdigit():
+        raise argparse.ArgumentTypeError(f"must be a whole number from 0, got {text[:40]!r}")
+    return int(text)
 
 
 def parse_args(argv: list[str] | None) -> RunArgs:
-    parser = argparse.ArgumentParser(prog="python -m trainer", description="One rank of a BERT pretraining run.")
+    parser = OneLineParser(prog="python -m trainer", description="One rank of a BERT pretraining run.")
     parser.add_argument("--config", required=True, help="run.yaml written by bertctl")
     parser.add_argument("--out", help="output folder (default: the config's folder)")
-    parser.add_argument("--run-index", type=int, default=0, help="run N of an experiment: writes result_N.txt")
-    parser.add_argument("--seed", type=int, help="default: train.seed + run index")
+    parser.add_argument("--run-index", type=whole_number, default=0, help="run N of an experiment: writes result_N.txt")
+    parser.add_argument("--seed", type=whole_number, help="default: train.seed + run index")
     parser.add_argument("--once", action="store_true",
                         help="skip the run when checkpoint.final_model already exists (phase 1, built once per machine)")
     ns = parser.parse_args(argv)
@@ -51,14 +52,16 @@ def main(argv: list[str] | None = None) -> int:
 
     from trainer.config import RunConfig, first_problem, load_run_config
 
-    try:
-        cfg = load_run_config(args.config)
+    try:  # a FIFO or a folder as the config is one OSError, never a block (trainer/config/regular.py)
+        cfg = load_run_config(str(require_regular(args.config)))
     except FileNotFoundError:
         return fail(f"{args.config}: run configuration not found")
+    except OSError as e:  # NotRegularFile's strerror says what it is instead; or unreadable
+        return fail(f"{args.config}: {e.strerror}")
     except ValidationError as e:
         key, message = first_problem(e, RunConfig)
         return fail(f"{args.config}: {key}: {message}")
-    except (yaml.YAMLError, TypeError) as e:
+    except (yaml.YAMLError, TypeError, UnicodeDecodeError) as e:
         return fail(f"{args.config}: not a run configuration ({str(e).splitlines()[0]})")
     try:
         with built_once(cfg.checkpoint.final_model, args.once) as needed:
@@ -93,9 +96,3 @@ def built_once(final_model: str | None, once: bool):
             yield False
         else:
             yield True
-
-
-def fail(message: str) -> int:
-    """A user's mistake: one line on stderr, exit code 2."""
-    print(f"error: {message}", file=sys.stderr, flush=True)
-    return 2

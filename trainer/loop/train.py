@@ -29,6 +29,7 @@ from trainer.data.layout import ShardError
 from trainer.loop.entry import RunArgs, fail
 from trainer.loop.evaluate import build_evaluator
 from trainer.loop.fast_step import build_forward, make_batch, step_counts
+from trainer.loop.run_args import RunArgs, fail
 from trainer.loop.precision import autocast, grad_scaler
 from trainer.loop.progress import ProgressReport, start_line, synchronize
 from trainer.loop.state import Counts, Step, first_state, most_sequences_per_step, step_sequences, stop_reason
