@@ -178,3 +178,16 @@ def test_every_benchmark_script_is_named_in_the_contributors_guide():
     text = (REPO / "CONTRIBUTING.md").read_text()
     unnamed = [p.name for p in sorted((REPO / "benchmarks").glob("*.py")) if f"benchmarks/{p.name}" not in text]
     assert not unnamed, f"CONTRIBUTING.md's benchmark list leaves out {unnamed}"
+
+
+DATE = re.compile(r"\b(?:19|20)\d\d-\d\d-\d\d\b|\b(?:January|February|March|April|May|June|July|August|September|October"
+                  r"|November|December) \d{1,2}\b|\b\d{1,2} (?:Jan|Feb|Mar|Apr|May|Jun|Jul|Aug|Sep|Oct|Nov|Dec)[a-z]* 20\d\d\b")
+
+
+def test_the_readme_is_a_front_page():
+    """At most 2,500 words and no date: the history lives in the records (a link's target may name one)."""
+    text = (REPO / "README.md").read_text()
+    assert len(text.split()) <= 2500, f"README.md has {len(text.split())} words; move depth into a guide under docs/"
+    shown = re.sub(r"(\[[^\]]*\])\([^)\s]+\)", r"\1", text)
+    assert not DATE.findall(shown), f"README.md names dates: {DATE.findall(shown)}; they belong in benchmarks/results/"
+    assert DATE.findall("measured on 2026-11-28, or on November 28") == ["2026-11-28", "November 28"]
