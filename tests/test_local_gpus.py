@@ -7,10 +7,13 @@ probe (override precedence, validation, rendering, the CLI's refusal) is the rea
 from __future__ import annotations
 
 import os
+import signal
+import time
 
 import pytest
 from conftest import run_bertctl, run_cli
 
+from orchestrator.config import local_gpus
 from orchestrator.config.clusters import load_cluster
 from orchestrator.config.local_gpus import visible_gpus
 from orchestrator.errors import UserError
@@ -70,6 +73,71 @@ def test_cuda_visible_devices_narrows_the_gpus_as_cuda_reads_it(gpus):
     assert visible_gpus({"CUDA_VISIBLE_DEVICES": "1,-1,2"}) == 1  # CUDA stops at the first invalid entry
     assert visible_gpus({"CUDA_VISIBLE_DEVICES": ""}) == 0
     assert visible_gpus({"CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5"}) == 4
+
+
+@pytest.mark.parametrize("value, seen", [
+    ("0,0", 0), ("1,2,1", 0),  # a GPU named twice: CUDA sees none (not two ranks on one GPU)
+    ("3,1", 2), ("1,7,2", 1), ("9", 0),  # an index out of range ends the list
+    ("2gpu,0", 2), (" 1 , 3", 2), ("1,x,2", 1), ("\u0663", 0),  # strtoul's reading: leading ASCII digits
+    ("GPU-00000002", 1), ("GPU-00000003,GPU-00000000", 2),  # UUIDs from `nvidia-smi -L`
+    ("GPU-0000000", 0),  # a prefix of several UUIDs is ambiguous: invalid
+    ("GPU-00000001,GPU-deadbeef,GPU-00000002", 1), ("GPU-00000001,2", 1),  # an unknown UUID, or a number among UUIDs, ends it
+    ("GPU-00000001,GPU-00000001", 0), ("MIG-00000001", 0),
+])
+def test_cuda_visible_devices_is_parsed_as_cuda_parses_it(gpus, value, seen, capsys):
+    gpus(4)
+    assert visible_gpus({"CUDA_VISIBLE_DEVICES": value}) == seen
+    said = capsys.readouterr().err
+    if seen < len(value.split(",")):  # what was dropped is said, in one line
+        assert said.count("\n") == 1 and said.startswith("bertctl: warning: CUDA_VISIBLE_DEVICES=") and "Traceback" not in said
+
+
+def test_a_repeated_gpu_renders_no_gpu_run_and_cuda_asked_for_is_refused(gpus, monkeypatch):
+    gpus(2)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,0")
+    c = load_cluster("local").config
+    assert (c.resources.gpus_per_node, c.world_size, c.run.runtime.device) == (0, 1, "cpu")  # was 2 ranks on GPU 0
+    with pytest.raises(UserError, match="cuda, but this machine has no GPU"):
+        load_cluster("local", ["run.runtime.device=cuda"])
+
+
+def fake_smi(folder, monkeypatch, body: str) -> None:
+    smi = folder / "nvidia-smi"
+    smi.write_text(f"#!/bin/bash\n{body}\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{folder}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+
+def test_nvidia_smi_output_that_is_not_utf8_is_counted_and_said_in_one_line(tmp_path, monkeypatch):
+    fake_smi(tmp_path, monkeypatch, "printf 'GPU 0: NVIDIA \\xff\\xfe (UUID: GPU-1)\\nGPU 1: NVIDIA \\xc3 (UUID: GPU-2)\\n'")
+    result = run_bertctl("render", "--cluster", "local")
+    assert result.code == 0 and "Traceback" not in result.err, result.err[-2000:]
+    assert result.err.splitlines() == ["bertctl: warning: nvidia-smi -L printed bytes that are not UTF-8 (read leniently)"]
+    assert "--nproc-per-node=2" in result.out  # both GPUs counted
+
+
+def test_an_nvidia_smi_whose_child_holds_the_output_answers_when_it_exits(tmp_path, monkeypatch):
+    """Its output went to a pipe, read to its end: a child that kept the pipe open (here a sleep) cost 30 s, then
+    counted no GPU. Read from a file instead, the answer comes when nvidia-smi itself exits."""
+    pids = tmp_path / "child.pid"
+    fake_smi(tmp_path, monkeypatch, f"sleep 60 & echo $! > {pids}\necho 'GPU 0: NVIDIA H200 (UUID: GPU-7)'")
+    try:
+        started = time.monotonic()
+        assert visible_gpus({}) == 1
+        assert time.monotonic() - started < 10
+    finally:
+        os.kill(int(pids.read_text()), signal.SIGKILL)
+
+
+def test_a_hung_nvidia_smi_is_bounded_and_said_in_one_line(tmp_path, monkeypatch, capsys):
+    fake_smi(tmp_path, monkeypatch, "exec sleep 60")
+    monkeypatch.setattr(local_gpus, "SMI_TIMEOUT_S", 1)
+    monkeypatch.setattr(local_gpus, "PROC_GPUS", tmp_path / "no-driver")
+    started = time.monotonic()
+    assert visible_gpus({}) == 0 and time.monotonic() - started < 10
+    said = capsys.readouterr().err
+    assert said == f"bertctl: warning: nvidia-smi -L did not answer within 1 s: GPUs counted from {tmp_path / 'no-driver'}\n"
 
 
 def test_the_readmes_gpu_command_without_a_gpu_is_one_line_exit_2_and_nothing_written(gpus, bertctl_home):

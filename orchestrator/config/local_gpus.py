@@ -10,9 +10,14 @@ bf16, each unless an override says otherwise; without any, the file's CPU settin
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import shutil
 import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,37 +32,103 @@ GPU_RUNTIME = {"device": "cuda", "backend": "nccl", "precision": "bf16", "unpad"
 GPU_BALANCE = {"stratified": False, "packing": True, "pack_sequences": 3}
 
 
-def installed_gpus() -> int:
-    """GPUs the driver reports: `nvidia-smi -L` lines, else /proc's folders; 0 without a driver."""
-    smi = shutil.which("nvidia-smi")
+# how long `nvidia-smi -L` may take (it waits for the driver on a machine without persistence mode); its output goes
+# to a file, not a pipe, so a child it leaves behind holding that output costs nothing
+SMI_TIMEOUT_S = 30
+UUID = re.compile(r"\(UUID: ((?:GPU|MIG)-[^)\s]+)\)")
+
+
+@dataclass(frozen=True)
+class Installed:
+    """The machine's GPUs: how many, their UUIDs (GPU-..., and MIG-... for MIG devices), what went wrong asking."""
+
+    count: int
+    uuids: tuple[str, ...] = ()
+    note: str | None = None
+
+
+def installed_gpus() -> Installed:
+    """GPUs the driver reports: `nvidia-smi -L`'s `GPU N:` lines, else /proc's folders; none without a driver."""
+    smi, note = shutil.which("nvidia-smi"), None
     if smi:
-        try:
-            listed = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30, check=False)
-        except (OSError, subprocess.TimeoutExpired):
-            listed = None
-        if listed is not None and listed.returncode == 0:
-            return sum(1 for line in listed.stdout.splitlines() if line.startswith("GPU "))
+        listed, note = smi_listing(smi)
+        if listed is not None:
+            return Installed(sum(1 for line in listed.splitlines() if line.startswith("GPU ")), tuple(UUID.findall(listed)), note)
     try:
-        return sum(1 for entry in PROC_GPUS.iterdir() if entry.is_dir())
+        folders = [entry for entry in PROC_GPUS.iterdir() if entry.is_dir()]
     except OSError:
-        return 0
+        return Installed(0, (), note)
+    uuids = []
+    for folder in folders:  # each holds `information`, with a "GPU UUID: GPU-..." line
+        with contextlib.suppress(OSError):
+            uuids += re.findall(r"(?m)^GPU UUID:\s*(\S+)", (folder / "information").read_text(errors="replace"))
+    return Installed(len(folders), tuple(uuids), note)
+
+
+def smi_listing(smi: str) -> tuple[str | None, str | None]:
+    """`nvidia-smi -L`'s output (None when it failed), and what went wrong, in one line."""
+    with tempfile.TemporaryFile() as out:
+        try:
+            done = subprocess.run([smi, "-L"], stdout=out, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                                  timeout=SMI_TIMEOUT_S, check=False)
+        except subprocess.TimeoutExpired:
+            return None, f"nvidia-smi -L did not answer within {SMI_TIMEOUT_S} s: GPUs counted from {PROC_GPUS}"
+        except OSError as e:
+            return None, f"nvidia-smi -L could not run ({e.strerror or e}): GPUs counted from {PROC_GPUS}"
+        out.seek(0)
+        raw = out.read(1 << 20)
+    if done.returncode:
+        return None, f"nvidia-smi -L failed (exit {done.returncode}): GPUs counted from {PROC_GPUS}"
+    text = raw.decode("utf-8", errors="replace")
+    note = "nvidia-smi -L printed bytes that are not UTF-8 (read leniently)" if "\ufffd" in text else None
+    return text, note
+
+
+def cuda_visible(value: str, installed: Installed) -> tuple[int, str | None]:
+    """How many GPUs CUDA sees under CUDA_VISIBLE_DEVICES=`value`, read as the CUDA runtime reads it (and as torch's
+    own device count mirrors it, torch.cuda._parse_visible_devices): entries are indices (the leading digits of each,
+    as strtoul reads them) or GPU-/MIG- UUIDs (or a unique prefix of one); the first invalid entry (not a number,
+    negative, out of range, an unknown or ambiguous UUID) ends the list, and an entry named twice hides every GPU.
+    Returns the count and, when entries were dropped, why, in one line."""
+    entries = value.split(",")
+    uuid_mode = value.startswith(("GPU-", "MIG-"))
+    chosen: list[int | str] = []
+    for entry in entries:
+        device = uuid_index(entry, installed.uuids) if uuid_mode else leading_number(entry.strip())
+        if device is None or (not uuid_mode and not device < installed.count):
+            break
+        if device in chosen:
+            return 0, f"CUDA_VISIBLE_DEVICES={value!r} names a GPU twice: CUDA sees no GPU"
+        chosen.append(device)
+    if len(chosen) == len(entries) or (not chosen and entries[0].strip() in ("", "-1")):
+        return len(chosen), None  # every entry taken, or every GPU hidden on purpose (empty, or -1 first)
+    bad = entries[len(chosen)]
+    return len(chosen), (f"CUDA_VISIBLE_DEVICES={value!r}: {bad.strip()!r} is no GPU of this machine's {installed.count} "
+                         f"(CUDA ignores it and every entry after it): {len(chosen)} GPU(s) visible")
+
+
+def leading_number(entry: str) -> int | None:
+    """The whole number `entry` begins with (strtoul's reading: `1gpu` is 1), None for none or a negative one."""
+    match = re.match(r"\+?([0-9]+)", entry)  # ASCII digits: "٣" is no index to CUDA
+    return int(match.group(1)) if match else None
+
+
+def uuid_index(entry: str, uuids: tuple[str, ...]) -> int | None:
+    """The one GPU whose UUID begins with `entry` (CUDA takes a unique prefix), None for no or several matches."""
+    matches = [i for i, uuid in enumerate(uuids) if entry and entry.startswith(("GPU-", "MIG-")) and uuid.startswith(entry)]
+    return matches[0] if len(matches) == 1 else None
 
 
 def visible_gpus(environ: dict[str, str] | None = None) -> int:
-    """The GPUs a rank started here could use: CUDA_VISIBLE_DEVICES, when set, hides the others
-    (an empty value or one starting with -1 hides them all, as CUDA reads it)."""
+    """The GPUs a rank started here could use: CUDA_VISIBLE_DEVICES, when set, narrows them as CUDA reads it
+    (`cuda_visible`; an empty value hides them all). What went wrong finding them is said in one line on stderr."""
     environ = os.environ if environ is None else environ
     installed = installed_gpus()
     chosen = environ.get("CUDA_VISIBLE_DEVICES")
-    if chosen is None:
-        return installed
-    listed = []
-    for item in chosen.split(","):
-        item = item.strip()
-        if not item or item.startswith("-1"):
-            break  # CUDA stops at the first invalid entry
-        listed.append(item)
-    return min(len(listed), installed)
+    count, note = (installed.count, None) if chosen is None else cuda_visible(chosen, installed)
+    for line in filter(None, (installed.note, note)):
+        print(f"bertctl: warning: {line}", file=sys.stderr)
+    return count
 
 
 def overridden_keys(overrides) -> set[str]:
