@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import sys
+import textwrap
 
 from orchestrator import __version__
 from orchestrator.errors import UserError, WorkFailed
@@ -343,7 +344,17 @@ def cmd_preflight(args: argparse.Namespace) -> int:
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse, but a usage mistake is one line naming the verb's --help, like every other bad input."""
+    """argparse, but a usage mistake is one line naming the verb's --help, like every other bad input; and
+    every verb's --help ends with its examples (EXAMPLES, by the words after `bertctl`)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs["formatter_class"] = argparse.RawDescriptionHelpFormatter  # the examples and the verb list keep their lines
+        super().__init__(*args, **kwargs)
+        examples = EXAMPLES.get(self.prog.removeprefix("bertctl").strip())
+        if examples:
+            self.epilog = "examples:\n" + "\n".join(f"  {example}" for example in examples)
+        if self.description and "\n" not in self.description:  # raw now: wrap one-paragraph descriptions here
+            self.description = textwrap.fill(self.description, 100)
 
     def error(self, message: str):
         say_line(f"bertctl: error: {message} (see `{self.prog} --help`)")
@@ -352,25 +363,49 @@ class OneLineParser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
-        prog="bertctl",
-        description="Train BERT the MLPerf way, from a laptop to a 1,024-GPU Slurm cluster.",
+        prog="bertctl", usage="%(prog)s [-h] [--version] VERB ...",
         epilog="Exit codes: 0 success, 1 the work failed, 2 bad input. See `bertctl VERB --help`.",
     )
     parser.add_argument("--version", action="version", version=f"bertctl {__version__}")
-    verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True)
+    # listed by task in the description (verbs_by_task), not by argparse's one flat list
+    verbs = parser.add_subparsers(dest="verb", metavar="VERB", required=True, help=argparse.SUPPRESS, prog="bertctl")
+    helps: dict[str, str] = {}
 
     def verb(name: str, fn, help_: str) -> argparse.ArgumentParser:
-        p = verbs.add_parser(name, help=help_, description=help_)
+        helps[name] = help_
+        p = verbs.add_parser(name, help=help_, description=DETAILS.get(name, help_))
         p.set_defaults(fn=fn)
         return p
 
     for name, fn, help_, arguments in VERBS:
         arguments(verb(name, fn, help_))
     add_data_verbs(verb)
-    # listed here for --help; main() hands its arguments to the simulator untouched
-    verbs.add_parser("balance", help="simulate load balance across ranks on the real length histogram: "
-                     "--ranks N --batch B [--group K] [--strategy S] [--json] [--plot PNG], or --cluster C [-o K=V]")
+    # listed here for --help; main() hands its arguments to the simulator untouched (its own --help)
+    verb("balance", None, "simulate how evenly ranks are loaded, on the real length histogram")
+    parser.description = verbs_by_task(helps)
     return parser
+
+
+ABOUT = "Train BERT the MLPerf way, from a laptop to a 1,024-GPU Slurm cluster."
+# the verbs by the task a user comes with, as the README's "What it can do" and the guides under docs/ group them
+GROUPS = [
+    ("run and follow experiments (docs/clusters.md, docs/experiments.md)",
+     ["clusters", "render", "submit", "status", "logs", "plot", "diff", "cancel", "resume", "rerun"]),
+    ("before the allocation (docs/preflight.md, docs/balance.md)", ["preflight", "rehearsal", "balance"]),
+    ("results (docs/compliance.md)", ["compliance-check", "package", "export"]),
+    ("data (docs/data.md)", ["data", "convert-checkpoint"]),
+]
+
+
+def verbs_by_task(helps: dict[str, str]) -> str:
+    """`bertctl --help`'s body: every verb under its task, one line each (a verb in no group under "other")."""
+    width = max(map(len, helps)) + 2
+    grouped = [(task, [n for n in names if n in helps]) for task, names in GROUPS]
+    other = [n for n in helps if all(n not in names for _, names in GROUPS)]
+    lines = [ABOUT]
+    for task, names in grouped + ([("other", other)] if other else []):
+        lines += ["", f"{task}:"] + [f"  {name:<{width}}{helps[name]}" for name in names]
+    return "\n".join(lines)
 
 
 STATES = ("PENDING", "RUNNING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "INTERRUPTED", "UNKNOWN")
@@ -492,22 +527,58 @@ VERBS = [
     ("clusters", cmd_clusters, "list the cluster files, one line each", no_args),
     ("render", cmd_render, "print the exact script `submit` would submit", cluster_args),
     ("submit", cmd_submit, "submit an experiment of NEXP runs; prints its id", submit_args),
-    ("status", cmd_status, "experiments and their runs: state, progress, last eval accuracy (newest first)", status_args),
+    ("status", cmd_status, "experiments and their runs: state, progress, last eval accuracy", status_args),
     ("logs", cmd_logs, "print or follow a run's log", logs_args),
     ("cancel", cmd_cancel, "cancel an experiment's job(s)", experiment_arg),
     ("resume", cmd_resume, "continue an experiment's interrupted or failed runs from their latest checkpoints", resume_args),
     ("rerun", cmd_rerun, "submit an experiment's resolved configuration again, as a new experiment", rerun_args),
-    ("diff", cmd_diff, "two experiments side by side: the resolved configuration keys that differ, and results", diff_args),
-    ("rehearsal", cmd_rehearsal, "check every rank's report of a launch probe (submit --probe): "
-     "ranks, nodes, GPUs, CPU sets, rendezvous, shards, exchange groups, container, seeds", rehearsal_args),
+    ("diff", cmd_diff, "two experiments side by side: the configuration keys that differ, and results", diff_args),
+    ("rehearsal", cmd_rehearsal, "judge a launch probe (submit --probe): every rank's devices, binding, shards", rehearsal_args),
     ("compliance-check", cmd_compliance_check,
-     "judge a set of runs with the official MLPerf tools: checker per log, olympic score, RCP", compliance_check_args),
+     "judge runs with the official MLPerf tools: checker per log, olympic score, RCP", compliance_check_args),
     ("package", cmd_package, "write an experiment as an MLPerf submission package and run the package checker", package_args),
-    ("plot", cmd_plot, "draw eval accuracy, training loss and throughput of every run as a PNG; prints its path. "
-     "Several experiments (or --results) are overlaid, one colour and line style each", plot_args),
-    ("preflight", cmd_preflight, "measure every node before a run (matmul, memory copy, all-reduce busbw "
-     "within nodes, across all and between node pairs, shard reads, training steps) and flag the slow ones", preflight_args),
+    ("plot", cmd_plot, "draw accuracy, loss and throughput of every run as a PNG; overlay experiments", plot_args),
+    ("preflight", cmd_preflight, "measure every node, flag the slow ones, predict the time to train", preflight_args),
 ]
+
+# a verb's --help description where its one line in the list says less
+DETAILS = {
+    "rehearsal": "Check every rank's report of a launch probe (submit --probe): ranks, nodes, GPUs, CPU sets, "
+                 "rendezvous, shards, exchange groups, container, seeds.",
+    "plot": "Draw eval accuracy, training loss and throughput of every run as a PNG; prints its path. Several "
+            "experiments (or --results) are overlaid, one colour and line style each.",
+    "preflight": "Measure every node before a run (matmul, memory copy, all-reduce busbw within nodes, across all "
+                 "and between node pairs, shard reads, training steps), flag the slow ones and predict the time "
+                 "to train. Exit 1 when a node is flagged.",
+}
+
+# each verb's --help ends with these (tests/test_cli.py parses every one); the guides show the same commands
+EXAMPLES = {
+    "clusters": ["bertctl clusters"],
+    "render": ["bertctl render --cluster nvidia_dgxa100_8x8 -o run.optim.lr=1.2e-3 -o slurm.partition=batch"],
+    "submit": ["bertctl submit --cluster local --nexp 2 --follow",
+               "bertctl submit --cluster samsung_dgxa100 --nexp 10 --dry-run"],
+    "status": ["bertctl status last", "bertctl status --state FAILED -n 5"],
+    "logs": ["bertctl logs last --run 0 --rank 0", "bertctl logs last -f --grep straggler"],
+    "cancel": ["bertctl cancel last"],
+    "resume": ["bertctl resume last --follow", "bertctl resume last --run 3"],
+    "rerun": ["bertctl rerun last -o run.optim.lr=1e-3 --nexp 10"],
+    "diff": ["bertctl diff EXP last", "bertctl diff EXP last --json"],
+    "rehearsal": ["bertctl rehearsal last", "bertctl rehearsal last --json"],
+    "compliance-check": ["bertctl compliance-check last --no-score",
+                         "bertctl compliance-check --results tests/data/mlperf-results/v1.1/Inspur --json"],
+    "package": ["bertctl package last --org MyOrg --out submission"],
+    "plot": ["bertctl plot last", "bertctl plot EXP last --out compare.png"],
+    "export": ["bertctl export last --to bert-mlperf"],
+    "preflight": ["bertctl preflight --cluster ci_slurm", "bertctl preflight --cluster mycluster --threshold 15 --json"],
+    "data": ["bertctl data prepare --dataset sample", "bertctl data verify --dataset sample"],
+    "data prepare": ["bertctl data prepare --dataset sample",
+                     "bertctl data prepare --dataset mlperf_wiki --cluster mycluster --wait -o root=/lustre/me/bert"],
+    "data verify": ["bertctl data verify --dataset sample --json"],
+    "data list": ["bertctl data list"],
+    "convert-checkpoint": ["bertctl convert-checkpoint --tf-checkpoint /data/phase1/model.ckpt-28252 "
+                           "--bert-config /data/phase1/bert_config.json --output model.pt"],
+}
 
 
 # ---- shell completion (argcomplete): `eval "$(register-python-argcomplete bertctl)"`
@@ -563,6 +634,9 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["balance"]:
         return cmd_balance(argv[1:])
     parser = build_parser()
+    if not argv:  # `bertctl` alone: what it can do, by task
+        parser.print_help()
+        return 0
     if "_ARGCOMPLETE" in os.environ:  # only when the shell asks for completions: keep --help instant
         import argcomplete
 

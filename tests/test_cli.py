@@ -1,6 +1,7 @@
 """The command line as a user meets it: output contract, exit codes, no torch on the control plane."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -92,3 +93,64 @@ def test_a_normal_install_finds_templates_clusters_and_datasets(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code, str(target)], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr
     assert "#SBATCH --nodes=1" in proc.stdout and "lr: 0.00035" in proc.stdout
+
+
+def verb_parsers() -> dict:
+    """Every verb's parser (and each `data` action's), by the words that follow `bertctl`."""
+    import argparse
+
+    from orchestrator.cli import build_parser
+
+    found = {}
+
+    def walk(parser, words):
+        for action in parser._actions:  # argparse keeps its subparsers here: no public accessor
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    found[" ".join([*words, name])] = sub
+                    walk(sub, [*words, name])
+
+    walk(build_parser(), [])
+    return found
+
+
+def test_bertctl_alone_and_its_help_list_every_verb_under_its_task(capsys):
+    """`bertctl` and `bertctl --help` print the same page: every verb once, one line, under the task the
+    guides file it under (GROUPS); a verb in no group lands under "other" and fails here."""
+    from orchestrator.cli import GROUPS, main
+
+    assert main([]) == 0
+    alone = capsys.readouterr().out
+    with pytest.raises(SystemExit) as done:
+        main(["--help"])
+    assert done.value.code == 0 and capsys.readouterr().out == alone
+    verbs = [words for words in verb_parsers() if " " not in words]
+    listed = [line.split()[0] for line in alone.splitlines() if line.startswith("  ") and not line.startswith("  -")]
+    assert sorted(listed) == sorted(verbs) and "other:" not in alone, (listed, verbs)
+    for task, names in GROUPS:
+        assert f"\n{task}:\n" in alone or not set(names) & set(verbs)
+        for guide in re.findall(r"docs/[\w-]+\.md", task):
+            assert (REPO / guide).is_file(), f"GROUPS names {guide}, which does not exist"
+
+
+def test_every_verbs_help_ends_with_examples_that_parse():
+    """Each verb's --help (each `data` action's too, and the balance simulator's) ends with one or two
+    examples, and each example is a command line that bertctl's parser accepts."""
+    import shlex
+
+    from orchestrator.checks.balance import simulator_arguments
+    from orchestrator.cli import build_parser
+    from trainer.balance.simulate import argument_parser as balance_parser
+
+    for words, parser in verb_parsers().items():
+        text = (balance_parser() if words == "balance" else parser).format_help()
+        assert "\nexamples:\n" in text, f"bertctl {words} --help shows no examples"
+        examples = text.rsplit("\nexamples:\n", 1)[1].strip().splitlines()
+        assert 1 <= len(examples) <= 2, (words, examples)
+        for example in examples:
+            argv = shlex.split(example)
+            assert argv[:2] == ["bertctl", words.split()[0]], example
+            if argv[1] == "balance":
+                balance_parser().parse_args(simulator_arguments(argv[2:]))
+            else:
+                build_parser().parse_args(argv[1:])  # a stale option is a SystemExit(2) here

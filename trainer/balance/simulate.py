@@ -264,8 +264,18 @@ def plot(results: list[Result], source: str, seed: int, counts: np.ndarray, path
 MAX_RANKS, MAX_BATCH, MAX_STEPS, MAX_DRAWS = 65_536, 4_096, 100_000, 100_000_000
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="bertctl balance", description="Simulate load balance across ranks.")
+EXAMPLES = """examples:
+  bertctl balance --ranks 1024 --batch 16 --group 8
+  bertctl balance --cluster nvidia_dgxh100_1x8"""
+
+
+def argument_parser() -> argparse.ArgumentParser:
+    """`bertctl balance`'s options (the CLI hands them here untouched; `--cluster C [-o K=V]` it fills in first)."""
+    parser = argparse.ArgumentParser(
+        prog="bertctl balance", epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Simulate how evenly ranks are loaded, strategy by strategy, on the real Wikipedia length\n"
+                    "histogram, with the trainer's own balancing code. Instead of the settings below,\n"
+                    "--cluster C [-o KEY=VALUE ...] takes a cluster file's own.")
     parser.add_argument("--ranks", type=int, required=True)
     parser.add_argument("--batch", type=int, required=True, help="sequences (or packs) per rank per step")
     parser.add_argument("--group", type=int, default=8, help="ranks per exchange group (a node)")
@@ -282,7 +292,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lengths-from", help="a prepared dataset folder instead of the Wikipedia histogram")
     parser.add_argument("--json", action="store_true", help="JSON on stdout instead of the table")
     parser.add_argument("--plot", help="write the per-rank load distribution to this PNG")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = argument_parser().parse_args(argv)
     for name, value, most in (("--ranks", args.ranks, MAX_RANKS), ("--batch", args.batch, MAX_BATCH),
                               ("--group", args.group, MAX_RANKS), ("--steps", args.steps, MAX_STEPS),
                               ("--pack-sequences", 1 if args.pack_sequences is None else args.pack_sequences, MAX_BATCH),
