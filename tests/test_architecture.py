@@ -11,7 +11,7 @@ import pytest
 from conftest import REPO
 
 DOC = (REPO / "ARCHITECTURE.md").read_text()
-ROOTS = ("orchestrator", "trainer", "templates", "tests", "clusters", "datasets", "benchmarks", ".ci")
+ROOTS = ("orchestrator", "trainer", "templates", "tests", "clusters", "datasets", "benchmarks", ".ci", "docs")
 PATH_REF = re.compile(r"(?<![\w/.])((?:%s)/[\w./*-]*[\w*/])(?:::([\w.]+))?" % "|".join(re.escape(r) for r in ROOTS))
 # backticked names that look like code: CamelCase, UPPER_CASE, snake_case, Class.member
 CODE_NAME = re.compile(r"^(?:[A-Z][a-z]\w*(?:\.\w+)?|[A-Z][A-Z0-9_]+|[a-z]+_[a-z_]+)$")

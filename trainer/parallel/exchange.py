@@ -12,7 +12,7 @@ Where it runs: group mode exchanges over gloo, in host memory, where the samples
 GPUs an NCCL all-gather would queue behind the previous step's kernels, and reading its result back
 would hold the loop there every step, the GPU idle while the next batch is decoded and collated;
 over gloo the CPU prepares the next batch while the GPU still trains. A node's group moves little
-(README, load balancing: 264 KB per step at group 8). Global mode stays on the run's backend, NCCL on
+(docs/balance.md: 264 KB per step at group 8). Global mode stays on the run's backend, NCCL on
 GPUs, stall included: at scale it moves tens of MB per rank per step (38.6 MB at 1,024 ranks), more
 than host TCP would carry in a step's time.
 
