@@ -136,3 +136,65 @@ def test_bad_preflight_settings_are_refused_before_anything_is_submitted(name, v
 def test_good_preflight_settings_pass():
     preflight.check_settings({"BERTCTL_PREFLIGHT_WINDOW": "0.3", "BERTCTL_PREFLIGHT_WINDOWS": "3",
                               "BERTCTL_PREFLIGHT_STEPS": "2"})
+
+
+def with_units(rank: int, node: str, **figures) -> dict:
+    """A rank's report whose figures carry their own units: {"storage": (500, "MB/s")}."""
+    return {"rank": rank, "node": node, "done": True, "errors": {},
+            "measures": {k: {"value": v, "unit": unit} for k, (v, unit) in figures.items()}}
+
+
+def test_figures_are_compared_in_one_unit():
+    """0.5 GB/s was flagged as slower than 500 MB/s (the digits were compared), and a node reporting KB/s passed
+    whatever its speed: each figure is converted to its quantity's unit before the median."""
+    same = {0: with_units(0, "node1", storage=(0.5, "GB/s"), matmul=(40.0, "TFLOP/s")),
+            1: with_units(1, "node2", storage=(500.0, "MB/s"), matmul=(40_000.0, "GFLOP/s")),
+            2: with_units(2, "node3", storage=(490_000.0, "KB/s"), matmul=(4e13, "FLOP/s"))}
+    verdict = preflight.assess("e", same, 3, 1, threshold=10)
+    assert verdict.flagged == [] and verdict.medians["storage"] == pytest.approx(0.5)
+    assert [n.measures["storage"].unit for n in verdict.nodes] == ["GB/s"] * 3
+    slow = {**same, 2: with_units(2, "node3", storage=(200_000.0, "KB/s"), matmul=(4e13, "FLOP/s"))}
+    verdict = preflight.assess("e", slow, 3, 1, threshold=10)
+    assert verdict.flagged == ["node3"] and "0.2 GB/s on rank 2, 60 % below the median 0.5" in verdict.nodes[2].reasons[0]
+
+
+def test_an_allreduce_in_mb_per_s_reaches_the_prediction_in_gb_per_s():
+    reports = {r: with_units(r, f"node{r + 1}", allreduce_world=(2000.0, "MB/s")) for r in range(2)}
+    for r in reports.values():
+        r["measures"]["allreduce_world"]["algbw"] = 1500.0
+    checked, broken = preflight.checked_reports(reports)
+    assert broken == {} and checked[0]["measures"]["allreduce_world"] == {"value": 2.0, "unit": "GB/s", "algbw": 1.5}
+
+
+@pytest.mark.parametrize("unit, why", [("furlongs/s", "no rate unit bertctl can compare"),
+                                       ("Gb/s", "no rate unit bertctl can compare"),  # bits are not bytes
+                                       ("samples/s", "storage counts samples/s, the other ranks GB/s")])
+def test_a_figure_in_a_unit_that_cannot_be_compared_fails_its_measure_on_that_rank(unit, why):
+    reports = {r: with_units(r, f"node{r + 1}", storage=(1.0, "GB/s"), matmul=(1.0, "TFLOP/s")) for r in range(3)}
+    reports[2]["measures"]["storage"]["unit"] = unit
+    verdict = preflight.assess("e", reports, 3, 1, threshold=10)
+    assert verdict.flagged == ["node3"] and verdict.broken == {}
+    (reason,) = verdict.nodes[2].reasons
+    assert reason.startswith("rank 2: storage failed: rank_2.json: storage ") and why in reason
+
+
+def test_two_files_for_one_rank_are_refused_in_one_line(tmp_path):
+    folder = tmp_path / "preflight"
+    folder.mkdir()
+    for name, node in (("rank_0.json", "node1"), ("rank_1.json", "node2"), ("rank_01.json", "node9")):
+        (folder / name).write_text(json.dumps(report(int(name[5:-5]), node, matmul=1.0)))
+    with pytest.raises(UserError) as refused:
+        preflight.rank_reports(tmp_path)
+    assert "rank_01.json and rank_1.json both report rank 1" in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_a_missing_rank_flags_its_node_in_one_line_and_a_rank_named_in_other_digits_is_no_rank(tmp_path):
+    folder = tmp_path / "preflight"
+    folder.mkdir()
+    (folder / "rank_0.json").write_text(json.dumps(report(0, "node1", matmul=1.0)))
+    (folder / "rank_\u0661.json").write_text(json.dumps(report(1, "node2", matmul=1.0)))  # not rank_1.json
+    reports = preflight.rank_reports(tmp_path)
+    assert set(reports) == {0}
+    verdict = preflight.assess("e", reports, 2, 1, threshold=10)
+    assert verdict.flagged == ["node #1 of the job"]
+    assert verdict.nodes[1].reasons == ["no report from rank(s) 1: the node died or never started"]

@@ -123,8 +123,17 @@ class Verdict:
 
 # ---- gathering ---------------------------------------------------------------------------------
 
-RANK_FILE = re.compile(r"rank_(\d{1,9})\.json")
+RANK_FILE = re.compile(r"rank_([0-9]{1,9})\.json")  # ASCII digits: "rank_٣.json" is no rank's file
 MAX_RANK_FILE_BYTES = 16 << 20
+# the rate units a rank may report, by what they count: (quantity, factor to that quantity's unit in CANONICAL); every
+# figure is compared in its quantity's canonical unit (the trainer's own, trainer/launch/preflight_measures.py), so
+# 0.5 GB/s is not taken for faster than 400 MB/s, and a node that reports KB/s is not judged by the digits
+UNITS = {"B/s": ("bytes", 1e-9), "KB/s": ("bytes", 1e-6), "MB/s": ("bytes", 1e-3), "GB/s": ("bytes", 1.0),
+         "TB/s": ("bytes", 1e3), "KiB/s": ("bytes", 2**10 / 1e9), "MiB/s": ("bytes", 2**20 / 1e9),
+         "GiB/s": ("bytes", 2**30 / 1e9), "TiB/s": ("bytes", 2**40 / 1e9), "FLOP/s": ("flop", 1e-12),
+         "GFLOP/s": ("flop", 1e-3), "TFLOP/s": ("flop", 1.0), "PFLOP/s": ("flop", 1e3), "samples/s": ("samples", 1.0)}
+CANONICAL = {"bytes": "GB/s", "flop": "TFLOP/s", "samples": "samples/s"}
+RATE_DETAILS = ("algbw",)  # a figure's other rates, in the figure's unit (the all-reduces' algorithm bandwidth)
 # the figures' fields the prediction divides by or adds up (orchestrator/checks/predict.py::from_preflight);
 # a list (each timed step) is checked element by element
 PREDICTION_FIELDS = {"train_compute": ("compute_s", "first_batch_s", "first_step_s", "eval_s"),
@@ -134,12 +143,16 @@ PREDICTION_FIELDS = {"train_compute": ("compute_s", "first_batch_s", "first_step
 def rank_reports(exp_dir: Path) -> dict[int, dict]:
     """Each rank's report by the rank its file is named after. A file that cannot be read as one (a
     FIFO, not JSON: a rank that died while writing it) is a report that says so (`unreadable`)."""
-    reports = {}
+    reports, names = {}, {}
     for path in sorted((exp_dir / "preflight").glob("rank_*.json")):
         match = RANK_FILE.fullmatch(path.name)
         if match is None:
             continue
         rank = int(match.group(1))
+        if rank in names:  # rank_01.json beside rank_1.json: which is the rank's own is no guess to make
+            raise UserError(f"{names[rank]} and {path.name} both report rank {rank}: remove the one the rank did not "
+                            f"write (a rank writes rank_{rank}.json)", where=str(exp_dir / "preflight"))
+        names[rank] = path.name
         try:
             reports[rank] = json.loads(read_regular_text(path, limit=MAX_RANK_FILE_BYTES))
         except (OSError, ValueError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
@@ -148,11 +161,13 @@ def rank_reports(exp_dir: Path) -> dict[int, dict]:
 
 
 def checked_reports(reports: dict[int, dict]) -> tuple[dict[int, dict], dict[str, str]]:
-    """The reports with every figure checked (a finite, positive number with a unit), and the measures
-    no rank measured sensibly (measure: why), which are failures of the measure, not of any node. A
-    figure that is wrong on some ranks only is a failure of the measure on those ranks (an `errors`
-    entry naming the file)."""
+    """The reports with every figure checked (a finite, positive number with a unit bertctl knows) and in its
+    quantity's canonical unit, and the measures no rank measured sensibly (measure: why), which are failures of
+    the measure, not of any node. A figure that is wrong on some ranks only (or counts another quantity than
+    most ranks' figures of that measure) is a failure of the measure on those ranks (an `errors` entry naming
+    the file)."""
     checked = {rank: checked_report(rank, report) for rank, report in reports.items()}
+    agree_on_units(checked)
     valid = {m for r in checked.values() for m in r["measures"]}
     broken: dict[str, str] = {}
     for report in checked.values():
@@ -187,7 +202,7 @@ def checked_report(rank: int, report) -> dict:
     for measure, figure in measures.items():
         why = figure_problem(measure, figure)
         if why is None:
-            out["measures"][measure] = figure
+            out["measures"][measure] = in_canonical_unit(figure)
         else:
             key = "allreduce_pair" if measure.startswith(PAIR_PREFIX) else measure
             out["errors"][key] = out["invalid"][key] = f"{name}: {measure} {why}"
@@ -200,6 +215,8 @@ def figure_problem(measure: str, figure) -> str | None:
         return f"is {json.dumps(figure)[:40]}, not a figure"
     if not isinstance(figure.get("unit"), str) or not figure["unit"]:
         return f"has no unit (unit is {json.dumps(figure.get('unit'))[:40]})"
+    if figure["unit"] not in UNITS:
+        return f"is in {figure['unit'][:40]!r}, no rate unit bertctl can compare ({', '.join(UNITS)})"
     for key in ("value", *PREDICTION_FIELDS.get(measure, ())):
         if key != "value" and key not in figure:
             continue
@@ -208,6 +225,33 @@ def figure_problem(measure: str, figure) -> str | None:
         if not values or not all(positive_number(v) for v in values):
             return f"{key} is {json.dumps(value)[:40]}, not a finite positive number"
     return None
+
+
+def in_canonical_unit(figure: dict) -> dict:
+    """A checked figure (and its other rates) converted to its quantity's canonical unit: 500 MB/s is 0.5 GB/s."""
+    quantity, factor = UNITS[figure["unit"]]
+    converted = {**figure, "value": figure["value"] * factor, "unit": CANONICAL[quantity]}
+    for key in RATE_DETAILS:
+        if positive_number(figure.get(key)):
+            converted[key] = figure[key] * factor
+    return converted
+
+
+def agree_on_units(checked: dict[int, dict]) -> None:
+    """Within one measure every rank's figure must count the same quantity (bytes, FLOP or samples per second):
+    a figure that counts another than most ranks' is a failure of that measure on its rank."""
+    units: dict[str, list[str]] = {}
+    for report in checked.values():
+        for measure, figure in report["measures"].items():
+            units.setdefault(measure, []).append(figure["unit"])
+    for report in checked.values():
+        for measure, figure in list(report["measures"].items()):
+            usual = max(sorted(set(units[measure])), key=units[measure].count)
+            if figure["unit"] != usual:
+                key = "allreduce_pair" if measure.startswith(PAIR_PREFIX) else measure
+                report["errors"][key] = report["invalid"][key] = (f"rank_{report['rank']}.json: {measure} counts "
+                                                                  f"{figure['unit']}, the other ranks {usual}")
+                del report["measures"][measure]
 
 
 def positive_number(value) -> bool:
