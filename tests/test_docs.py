@@ -191,3 +191,15 @@ def test_the_readme_is_a_front_page():
     shown = re.sub(r"(\[[^\]]*\])\([^)\s]+\)", r"\1", text)
     assert not DATE.findall(shown), f"README.md names dates: {DATE.findall(shown)}; they belong in benchmarks/results/"
     assert DATE.findall("measured on 2026-11-28, or on November 28") == ["2026-11-28", "November 28"]
+
+
+# headline figures, each stated on one page only (its guide, or the README), with its record's link there
+HEADLINE_FIGURES = ["733-739 sequences/s", "99.8 % real tokens", "3,061 logs", "17-18 minutes", "5.90×"]
+
+
+def test_each_headline_figure_is_stated_on_one_page_only():
+    """A figure told on two pages goes stale on one of them: the others link to where it is stated."""
+    texts = {p.relative_to(REPO).as_posix(): p.read_text() for p in pages() if p != RECORDS_INDEX}
+    for figure in HEADLINE_FIGURES:
+        on = [name for name, text in texts.items() if figure in " ".join(text.split())]
+        assert len(on) <= 1, f"{figure!r} is stated on {on}: state it once and link there"
