@@ -228,6 +228,15 @@ def cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from orchestrator import experiments
+    from orchestrator.export import export
+
+    print(export(experiments.find(args.experiment), run=args.run, checkpoint=args.checkpoint, to=args.to,
+                 force=args.force, vocab=args.vocab))
+    return 0
+
+
 def cmd_data_prepare(args: argparse.Namespace) -> int:
     from orchestrator import data
 
@@ -510,6 +519,20 @@ def plot_args(p: argparse.ArgumentParser) -> None:
                    "for an overlay or --results, convergence_<names>.png here)")
 
 
+def export_args(p: argparse.ArgumentParser) -> None:
+    experiment_arg(p)
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--run", type=int, help="the run whose final weights to export (default: the first run that "
+                                               "converged, else the first that finished)")
+    which.add_argument("--checkpoint", metavar="PATH", help="export this checkpoint instead, with the experiment's model "
+                       "shape and vocabulary: a phase-1 or converted TensorFlow checkpoint ({'model': state_dict}) or a "
+                       "run checkpoint (step_N/)")
+    p.add_argument("--to", required=True, metavar="DIR", help="the Hugging Face model folder to write (absent or empty)")
+    p.add_argument("--force", action="store_true", help="replace DIR when it holds an earlier export")
+    p.add_argument("--vocab", metavar="FILE", help="the vocab.txt the training data was tokenized with (default: the one "
+                                                   "the dataset's prepared.json records)")
+
+
 def preflight_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cluster", required=True,
                    help="a cluster name (see `bertctl clusters`) or a YAML file").completer = complete_clusters
@@ -538,6 +561,8 @@ VERBS = [
      "judge runs with the official MLPerf tools: checker per log, olympic score, RCP", compliance_check_args),
     ("package", cmd_package, "write an experiment as an MLPerf submission package and run the package checker", package_args),
     ("plot", cmd_plot, "draw accuracy, loss and throughput of every run as a PNG; overlay experiments", plot_args),
+    ("export", cmd_export, "write a run's weights as a Hugging Face model folder (config.json, model.safetensors, "
+     "tokenizer, model card); prints its path", export_args),
     ("preflight", cmd_preflight, "measure every node, flag the slow ones, predict the time to train", preflight_args),
 ]
 

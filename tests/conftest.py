@@ -67,14 +67,14 @@ def status_now(exp: str, home: Path | str | None = None) -> dict:
     return json.loads(result.out)["experiments"][0]
 
 
-def run_bertctl(*args: str, env: dict | None = None, timeout: float = 120) -> CliResult:
-    """`bertctl ARGS` as a separate process, as a user would run it."""
+def run_bertctl(*args: str, env: dict | None = None, timeout: float = 120, cwd: Path = REPO) -> CliResult:
+    """`bertctl ARGS` as a separate process, as a user would run it (in `cwd`: the repository unless given)."""
     full_env = {**os.environ, **(env or {})}
     # the job uses the Python that submitted it: make sure its bin/ is on PATH like an activated venv
     full_env["PATH"] = f"{Path(sys.executable).parent}:{full_env.get('PATH', '')}"
     proc = subprocess.run(
         [sys.executable, "-m", "orchestrator", *args], capture_output=True, text=True,
-        env=full_env, timeout=timeout, cwd=REPO,
+        env=full_env, timeout=timeout, cwd=cwd,
     )
     return CliResult(proc.returncode, proc.stdout, proc.stderr)
 

@@ -133,3 +133,102 @@ def test_the_same_experiment_on_the_ci_slurm_cluster(slurm, slurm_demo_home):
         result = run_bertctl(*command.split(), env=env)
         assert result.code == 0 and expected in result.out + result.err, command
     assert "COMPLETED" in run_bertctl("status", "last", env=env).out  # the table is the verb's output: pipeable
+
+
+EXPORT = ["export", "last", "--to", "bert-sample"]  # the README's tour ends with it, word for word
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("demo-local")  # the main job's experiment, on the worker that trained it
+def test_the_main_jobs_run_exports_to_a_folder_hugging_face_loads_and_fine_tunes(local_demo, demo_home, tmp_path):
+    """`bertctl export` of a run the suite trained: Hugging Face's own classes load it with no missing or unexpected
+    tensor, its logits are bertctl's, its tokenizer splits text as the dataset was split, and its Trainer fine-tunes
+    it on a next-sentence task made from the held-out text: the loss falls."""
+    import torch
+    from transformers import AutoTokenizer, BertForPreTraining
+
+    from trainer.data.prepare.vocab import WordPiece
+
+    assert local_demo[0].code == 0, local_demo[0].err[-2000:]
+    env = {"BERTCTL_HOME": str(demo_home)}
+    result = run_bertctl(*EXPORT, env=env, cwd=tmp_path, timeout=300)
+    folder = tmp_path / "bert-sample"
+    assert result.code == 0 and result.out.strip() == str(folder), result.err[-2000:]
+    view = json.loads(run_bertctl("status", "last", "--json", env=env).out)["experiments"][0]
+    card = (folder / "README.md").read_text()
+    assert f"# BERT pretrained with bertctl: {view['id']}, run 0" in card  # the first run that converged
+    assert f"| eval masked-LM accuracy | {view['runs'][0]['accuracy']:.4f} (target 0.13) |" in card
+    assert "| official checker | PASS (mlperf-logging" in card and "| outcome | success (converged)" in card
+
+    hf, loading = BertForPreTraining.from_pretrained(folder, output_loading_info=True)
+    assert not loading["missing_keys"] and not loading["unexpected_keys"] and not loading["mismatched_keys"]
+    exp_dir = demo_home / "experiments" / view["id"]
+    ours_mlm, ours_nsp, batch = bertctl_logits(exp_dir, demo_home / "datasets" / "sample" / "eval")
+    with torch.no_grad():
+        out = hf.eval()(input_ids=batch.input_ids, token_type_ids=batch.segment_ids, attention_mask=batch.attention_mask.long())
+    mlm = out.prediction_logits.reshape(-1, hf.config.vocab_size)[batch.mlm_positions]
+    # fp32 on both sides; the two sum in different orders, so the bound is 1e-6 of the logits' scale (~4 here)
+    assert (mlm - ours_mlm).abs().max() <= 1e-6 * ours_mlm.abs().max() and (out.seq_relationship_logits - ours_nsp).abs().max() <= 1e-6
+
+    text = demo_home / "datasets" / "sample" / "text" / "eval.txt"
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    lines = [line for line in text.read_text().splitlines() if line.strip()][:50]
+    assert [tokenizer(line, add_special_tokens=False)["input_ids"] for line in lines] == \
+        WordPiece(demo_home / "datasets" / "sample" / "vocab.txt").encode(lines)
+
+    losses = fine_tune(folder, tokenizer, next_sentence_pairs(text), tmp_path / "fine-tuning")
+    first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
+    assert last < first - 0.1, losses  # a random guess is ln 2 = 0.69
+    print(f"export: fine-tuning loss {first:.3f} -> {last:.3f} over {len(losses)} steps")
+
+
+def bertctl_logits(exp_dir: Path, eval_dir: Path):
+    """bertctl's model with run 0's final weights, in eval mode, on 8 samples of the eval set."""
+    import torch
+
+    from trainer.config import load_run_config
+    from trainer.data.batch import collate
+    from trainer.data.layout import Shard
+    from trainer.model.bert import BertForPreTraining
+    from trainer.model.weights import load_pretrained_file
+
+    model = BertForPreTraining(load_run_config(str(exp_dir / "run.yaml")).model).eval()
+    load_pretrained_file(model, exp_dir / "checkpoints" / "run_0" / "final.pt")
+    batch = collate(Shard(sorted(eval_dir.glob("*.hdf5"))[0]).samples(range(8)), unpadded=False)
+    with torch.no_grad():
+        mlm, nsp = model(batch)
+    return mlm, nsp, batch
+
+
+def next_sentence_pairs(text: Path, count: int = 64) -> list[tuple[str, str, int]]:
+    """(A, B, 1) where B follows A in a document of the held-out text, (A, B, 0) where B is from another document."""
+    import random
+
+    docs = [lines for doc in text.read_text().split("\n\n") if len(lines := [x for x in doc.splitlines() if x.strip()]) >= 2]
+    rng, pairs = random.Random(0), []
+    for i, doc in enumerate(docs[:count]):
+        j = rng.randrange(len(doc) - 1)
+        other = docs[(i + 1 + rng.randrange(len(docs) - 1)) % len(docs)]
+        pairs.append((doc[j], doc[j + 1], 1) if i % 2 == 0 else (doc[j], rng.choice(other), 0))
+    return pairs
+
+
+def fine_tune(folder: Path, tokenizer, pairs: list[tuple[str, str, int]], work: Path) -> list[float]:
+    """Hugging Face's Trainer on BertForSequenceClassification from the folder; the loss of each step."""
+    import torch
+    from transformers import BertForSequenceClassification, Trainer, TrainingArguments
+
+    encoded = tokenizer([a for a, _, _ in pairs], [b for _, b, _ in pairs], truncation=True, max_length=64,
+                        padding="max_length", return_tensors="pt")
+    data = [{**{k: v[i] for k, v in encoded.items()}, "labels": torch.tensor(label)} for i, (_, _, label) in enumerate(pairs)]
+    model, loading = BertForSequenceClassification.from_pretrained(folder, num_labels=2, output_loading_info=True)
+    assert sorted(loading["missing_keys"]) == ["classifier.bias", "classifier.weight"]  # the new head, and only it
+    args = TrainingArguments(output_dir=str(work), per_device_train_batch_size=16, max_steps=FINE_TUNE_STEPS,
+                             learning_rate=FINE_TUNE_LR, lr_scheduler_type="constant", logging_steps=1, seed=0,
+                             report_to="none", save_strategy="no", use_cpu=True, disable_tqdm=True, dataloader_num_workers=0)
+    trainer = Trainer(model=model, args=args, train_dataset=data)
+    trainer.train()
+    return [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+
+
+FINE_TUNE_STEPS, FINE_TUNE_LR = 40, 2e-3

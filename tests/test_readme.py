@@ -30,6 +30,8 @@ MIRRORED = {
     "bertctl logs last --run 0 --rank 0": "tests/test_demo.py::test_the_same_experiment_on_the_ci_slurm_cluster",
     "bertctl compliance-check last --no-score": "tests/test_demo.py::test_the_same_experiment_on_the_ci_slurm_cluster",
     "bertctl plot last": "tests/test_demo.py::test_the_same_experiment_on_the_ci_slurm_cluster",
+    "bertctl export last --to bert-sample":
+        "tests/test_demo.py::test_the_main_jobs_run_exports_to_a_folder_hugging_face_loads_and_fine_tunes",
     "bertctl submit --cluster ci_slurm --test-only": "tests/test_slurm.py::test_test_only_asks_slurm_and_oversized_jobs_are_refused",
     "bertctl submit --cluster ci_slurm --probe": "tests/test_slurm.py::test_two_nodes_times_two_tasks_report_their_ranks_and_nodes",
     # docs/preflight.md: on a fresh $BERTCTL_HOME, the timing windows shortened through the environment

@@ -140,6 +140,17 @@ def from_experiment(exp) -> ResultSet:
     )
 
 
+def from_run(exp, run: int) -> ResultSet:
+    """One run of an experiment, its log read as `from_experiment` reads each (`bertctl export`'s model card)."""
+    files = [exp.result_file(run)]
+    if not os.path.lexists(files[0]):
+        raise UserError(f"run {run} has no result log ({files[0]})", where=f"experiment {exp.id}")
+    return ResultSet(
+        label=f"{exp.id} run {run}", directory=exp.path / "results", files=files, summaries=_summaries(files),
+        experiment=exp, run_config=_read_yaml(exp.path / "run.yaml"), cluster_config=_read_yaml(exp.path / "cluster.yaml"),
+    )
+
+
 def from_directory(path: Path) -> ResultSet:
     if not path.is_dir():
         raise UserError("not a directory (expected an MLPerf result tree or a folder of result_*.txt logs)",

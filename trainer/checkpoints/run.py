@@ -27,7 +27,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from trainer.config import CheckpointConfig, expand_path
+from trainer.config import FINAL_WEIGHTS, CheckpointConfig
 
 if TYPE_CHECKING:  # the loop owns its state; a checkpoint only stores it
     from trainer.loop.state import LoopState
@@ -91,6 +91,11 @@ class Checkpoints:
         _barrier()
         return final
 
+    @property
+    def final_weights(self) -> Path:
+        """Where the run leaves the weights it ended with (trainer/config/run.py::FINAL_WEIGHTS)."""
+        return self.folder / FINAL_WEIGHTS
+
     def latest(self) -> Path | None:
         pointer = self.folder / "latest"
         if not pointer.exists():
@@ -119,8 +124,7 @@ class Checkpoints:
 
 def run_checkpoints(cfg: CheckpointConfig, out: Path, run_index: int, rank: int) -> Checkpoints:
     """Run N's checkpoints: in checkpoint.dir, or by default in OUT/checkpoints/run_N."""
-    folder = cfg.dir or str(out / "checkpoints" / f"run_{run_index}")
-    return Checkpoints(Path(expand_path(folder)), cfg.keep, rank)
+    return Checkpoints(cfg.run_folder(out, run_index), cfg.keep, rank)
 
 
 class RunCheckpoint:

@@ -18,9 +18,9 @@ _HOME = {
     "base": ["ConfigProblem", "Section", "first_problem"],
     "dataset": ["DatasetManifest", "DatasetOutput", "load_dataset_manifest"],
     "paths": ["DEFAULT_BERTCTL_HOME", "PathError", "expand_path"],
-    "run": ["BIN_EDGES", "REQUEUE_EXIT_CODE", "BalanceConfig", "CheckpointConfig", "DataConfig", "MLPerfConfig",
-            "ModelConfig", "OptimConfig", "RunConfig", "RuntimeConfig", "TrainConfig", "load_run_config",
-            "mlperf_eval_interval"],
+    "run": ["BIN_EDGES", "FINAL_WEIGHTS", "REQUEUE_EXIT_CODE", "BalanceConfig", "CheckpointConfig", "DataConfig",
+            "MLPerfConfig", "ModelConfig", "OptimConfig", "RunConfig", "RuntimeConfig", "TrainConfig",
+            "load_run_config", "mlperf_eval_interval"],
 }
 _MODULE_OF = {name: module for module, names in _HOME.items() for name in names}
 __all__ = sorted(_MODULE_OF)

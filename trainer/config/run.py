@@ -10,6 +10,7 @@ handed its own section (`cfg.data`, `cfg.optim`, ...); rules that tie sections t
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import ClassVar, Literal, Optional
 
 import yaml
@@ -17,6 +18,7 @@ from pydantic import Field, model_serializer, model_validator
 
 from trainer.config.base import ConfigProblem, Section
 from trainer.config.closed_rules import closed_problems, eval_interval_rule
+from trainer.config.paths import expand_path
 
 # Samsung's strata: sequence-length bins by their inclusive upper edges (1-128, 129-256, ...).
 BIN_EDGES = (128, 256, 384, 512)
@@ -199,6 +201,16 @@ class CheckpointConfig(Section):
     every_steps: int = Field(0, ge=0, description="0: only when signalled (SIGUSR2/SIGTERM)")
     # write the final weights here as {"model": state_dict}: a phase-1 checkpoint for the next phase
     final_model: Optional[str] = None
+
+    def run_folder(self, out: str | Path, run_index: int) -> Path:
+        """Run N's checkpoints (and its final weights, FINAL_WEIGHTS): checkpoint.dir, or by default
+        OUT/checkpoints/run_N. The trainer writes there and `bertctl export` reads there."""
+        return Path(expand_path(self.dir)) if self.dir else Path(out) / "checkpoints" / f"run_{run_index}"
+
+
+# In a run's checkpoint folder: the weights the run ended with, {"model": state_dict}, written by rank 0
+# after run_stop (what `bertctl export` exports)
+FINAL_WEIGHTS = "final.pt"
 
 
 class MLPerfConfig(Section):

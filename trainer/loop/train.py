@@ -21,17 +21,24 @@ import numpy as np
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
-from trainer.checkpoints.run import OutputError, RunCheckpoint, StopSignal, rewind_log, run_checkpoints, write_model
-from trainer.config import REQUEUE_EXIT_CODE, PathError, RunConfig, expand_path
+from trainer.checkpoints.run import (
+    Checkpoints,
+    OutputError,
+    RunCheckpoint,
+    StopSignal,
+    rewind_log,
+    run_checkpoints,
+    write_model,
+)
+from trainer.config import REQUEUE_EXIT_CODE, CheckpointConfig, PathError, RunConfig, expand_path
 from trainer.data.batch import Batch, CapacityError
 from trainer.data.dataset import DataError, TrainData
 from trainer.data.layout import ShardError
-from trainer.loop.entry import RunArgs, fail
 from trainer.loop.evaluate import build_evaluator
 from trainer.loop.fast_step import build_forward, make_batch, step_counts
-from trainer.loop.run_args import RunArgs, fail
 from trainer.loop.precision import autocast, grad_scaler
 from trainer.loop.progress import ProgressReport, start_line, synchronize
+from trainer.loop.run_args import RunArgs, fail
 from trainer.loop.state import Counts, Step, first_state, most_sequences_per_step, step_sequences, stop_reason
 from trainer.loop.stragglers import ComputeClock
 from trainer.loop.tally import Tally
@@ -220,8 +227,8 @@ class Trainer:
         self.mllog.run_stop(s.status, s.samples)
         self.say(f"run_stop: {s.status}{stop_reason(s, self.cfg)} after {s.samples} samples "
                  f"({s.updates} updates, {s.skipped} skipped), eval accuracy {s.accuracy}")
-        if self.cfg.checkpoint.final_model and self.rank0:
-            write_model(expand_path(self.cfg.checkpoint.final_model), self.model)
+        if self.rank0:
+            write_final_weights(self.model, self.checkpoints, self.cfg.checkpoint)
         return 0
 
     def warm_up(self) -> None:
@@ -253,6 +260,14 @@ class Trainer:
         self.data.close()
         self.mllog.close()
         distributed.keep_until_exit(self.ddp)
+
+
+def write_final_weights(model: BertForPreTraining, checkpoints: Checkpoints, cfg: CheckpointConfig) -> None:
+    """The weights a run ended with, as {"model": state_dict}: beside its checkpoints (trainer/config/run.py::FINAL_WEIGHTS,
+    what `bertctl export` exports), and for a phase 1 where checkpoint.final_model says (the next phase's init_checkpoint)."""
+    write_model(checkpoints.final_weights, model)
+    if cfg.final_model:
+        write_model(expand_path(cfg.final_model), model)
 
 
 def rewind_to_checkpoint(log: Path, position: int | None) -> None:

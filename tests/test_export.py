@@ -1,0 +1,155 @@
+"""`bertctl export`: what it refuses (one line, exit 2, nothing written) and what it writes for a vocabulary
+that is padded (1,001 tokens, 1,008 rows), with no training: the weights are a fresh model's. The export of a
+run the test suite trained, loaded and fine-tuned by Hugging Face's own classes, is in tests/test_demo.py
+(it needs the main job's experiment)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from conftest import run_cli
+from mllog_factory import RunSpec, write_log
+from registry_records import record
+
+from trainer.config import ModelConfig, RunConfig
+
+SMALL = dict(num_layers=2, hidden_size=32, num_heads=2, intermediate_size=64, vocab_size=1001, max_position_embeddings=64,
+             hidden_dropout=0.0, attention_dropout=0.0)
+
+
+def run_yaml(model: dict) -> str:
+    return RunConfig.model_validate({
+        "model": model, "data": {"train_dir": "$BERTCTL_HOME/datasets/made/train", "max_seq_length": 64,
+                                 "max_predictions_per_seq": 10},
+        "optim": {"lr": 1e-3, "max_steps": 10}, "train": {"batch_size": 8, "global_batch_size": 8,
+                                                           "max_samples_termination": 80},
+        "mlperf": {"division": "open"}}).to_yaml()
+
+
+def vocab_file(folder: Path, size: int) -> Path:
+    """A BERT vocabulary of `size` tokens (special tokens first) and the dataset record that names it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(size - 5)]
+    (folder / "vocab.txt").write_text("".join(t + "\n" for t in tokens))
+    (folder / "prepared.json").write_text(json.dumps({"dataset": "made", "vocab": {"file": str(folder / "vocab.txt"),
+                                                                                    "tokens": size, "lower_case": True}}))
+    return folder / "vocab.txt"
+
+
+def experiment(home: Path, finished: bool = True, weights: bool = True) -> tuple[str, Path]:
+    """An experiment of one run of the SMALL model, as a job leaves it: the record, run.yaml, the run's log
+    (ended with run_stop or not) and its final weights; the dataset's vocabulary and prepared.json."""
+    from trainer.checkpoints.run import write_model
+    from trainer.model.bert import BertForPreTraining
+
+    exp_dir = home / "experiments" / "local-20261128-000000-0000abcd"
+    (exp_dir / "results").mkdir(parents=True)
+    (exp_dir / "experiment.json").write_text(json.dumps(record(exp_dir, cluster="local")))
+    (exp_dir / "run.yaml").write_text(run_yaml(SMALL))
+    vocab_file(home / "datasets" / "made", SMALL["vocab_size"])
+    log = write_log(exp_dir / "results" / "result_0.txt", RunSpec(division="open"))
+    if not finished:  # the job was killed before run_stop
+        log.write_text("".join(line for line in log.read_text().splitlines(keepends=True) if "run_stop" not in line))
+    if weights:
+        torch.manual_seed(0)
+        write_model(exp_dir / "checkpoints" / "run_0" / "final.pt", BertForPreTraining(ModelConfig(**SMALL)))
+    return exp_dir.name, exp_dir
+
+
+def refused(result, *words: str) -> str:
+    lines = result.err.strip().splitlines()
+    assert result.code == 2 and len(lines) == 1 and "Traceback" not in result.err, result.err
+    assert not result.out.strip()
+    for word in words:
+        assert word in lines[0], lines[0]
+    return lines[0]
+
+
+def no_partial_left(folder: Path) -> None:
+    assert not [p.name for p in folder.iterdir() if ".partial" in p.name or ".replaced" in p.name]
+
+
+def test_an_experiment_without_a_finished_run_is_refused(bertctl_home, tmp_path):
+    exp, _ = experiment(bertctl_home, finished=False)
+    line = refused(run_cli("export", exp, "--to", str(tmp_path / "out")), "no finished run", "logged run_stop")
+    assert "bertctl status" in line and not (tmp_path / "out").exists()
+    refused(run_cli("export", exp, "--run", "3", "--to", str(tmp_path / "out")), "--run", "runs 0 to 0")
+    no_partial_left(tmp_path)
+
+
+def test_a_finished_run_without_final_weights_says_where_they_should_be(bertctl_home, tmp_path):
+    exp, exp_dir = experiment(bertctl_home, weights=False)
+    refused(run_cli("export", exp, "--to", str(tmp_path / "out")), "run 0 ended but left no final weights",
+            str(exp_dir / "checkpoints" / "run_0" / "final.pt"), "--checkpoint")
+
+
+def test_a_folder_that_is_not_empty_is_kept_without_force_and_kept_with_it_unless_an_earlier_export(bertctl_home, tmp_path):
+    exp, _ = experiment(bertctl_home)
+    target = tmp_path / "mine"
+    target.mkdir()
+    (target / "notes.txt").write_text("keep me")
+    refused(run_cli("export", exp, "--to", str(target)), "--to", "is not empty", "--force")
+    refused(run_cli("export", exp, "--to", str(target), "--force"), "no config.json", "leaves it alone")
+    assert [p.name for p in target.iterdir()] == ["notes.txt"] and (target / "notes.txt").read_text() == "keep me"
+    (tmp_path / "a-file").write_text("x")
+    refused(run_cli("export", exp, "--to", str(tmp_path / "a-file")), "is not a folder")
+
+
+def test_a_missing_checkpoint_and_one_of_another_shape_are_refused_and_nothing_is_written(bertctl_home, tmp_path):
+    from trainer.checkpoints.run import write_model
+    from trainer.model.bert import BertForPreTraining
+
+    exp, _ = experiment(bertctl_home)
+    refused(run_cli("export", exp, "--checkpoint", str(tmp_path / "nope.pt"), "--to", str(tmp_path / "out")),
+            "--checkpoint", "nope.pt: no such file")
+    wider = write_model(tmp_path / "wider.pt", BertForPreTraining(ModelConfig(**{**SMALL, "hidden_size": 64})))
+    line = refused(run_cli("export", exp, "--checkpoint", str(wider), "--to", str(tmp_path / "out")),
+                   "wider.pt: does not fit the experiment's model (2 layers, hidden 32,", "has shape (1008, 64)")
+    assert "the model needs (1008, 32)" in line
+    assert not (tmp_path / "out").exists()
+    no_partial_left(tmp_path)
+
+
+def test_a_padded_vocabulary_is_the_models_and_the_tokenizer_keeps_the_real_one(bertctl_home, tmp_path):
+    """config.json says 1,008 rows (1,001 padded to a multiple of 8), the tokenizer 1,001 tokens; the padded rows
+    are the model's as they are, Hugging Face's logits over the real vocabulary are bertctl's, and the card explains it."""
+    from transformers import AutoTokenizer
+    from transformers import BertForPreTraining as HFBert
+
+    from trainer.data.batch import collate
+    from trainer.model.bert import BertForPreTraining
+    from trainer.model.weights import load_pretrained_file
+
+    exp, exp_dir = experiment(bertctl_home)
+    result = run_cli("export", exp, "--to", str(tmp_path / "hf"))
+    assert result.code == 0 and result.out.strip() == str(tmp_path / "hf"), result.err
+    assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == [
+        "README.md", "config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert (config["vocab_size"], config["hidden_size"], config["num_hidden_layers"]) == (1008, 32, 2)
+    hf, info = HFBert.from_pretrained(tmp_path / "hf", output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    assert len(AutoTokenizer.from_pretrained(tmp_path / "hf")) == 1001
+    ours = BertForPreTraining(ModelConfig(**SMALL)).eval()
+    load_pretrained_file(ours, exp_dir / "checkpoints" / "run_0" / "final.pt")
+    assert torch.equal(hf.bert.embeddings.word_embeddings.weight, ours.bert.embeddings.word_embeddings.weight)  # all 1,008 rows
+    from test_model import random_samples
+
+    samples = random_samples(4, 1001, 64)
+    batch = collate(samples, unpadded=False)
+    with torch.no_grad():
+        mlm, nsp = ours(batch)
+        out = hf.eval()(input_ids=batch.input_ids, token_type_ids=batch.segment_ids, attention_mask=batch.attention_mask.long())
+    theirs = out.prediction_logits.reshape(-1, 1008)[batch.mlm_positions]
+    assert (theirs[:, :1001] - mlm).abs().max() <= 1e-6 * max(1.0, mlm.abs().max().item())
+    assert (out.seq_relationship_logits - nsp).abs().max() <= 1e-6
+    card = (tmp_path / "hf" / "README.md").read_text()
+    assert card.startswith("---\nlibrary_name: transformers\n")
+    assert "vocab_size is 1,008, the model's vocabulary of 1,001 padded to a multiple of 8" in card
+    assert "`logits[..., :1001]`" in card and "| official checker | PASS" in card and f"experiment `{exp}`, run 0" in card
+    # an earlier export is replaced with --force, and only then
+    refused(run_cli("export", exp, "--to", str(tmp_path / "hf")), "is not empty")
+    assert run_cli("export", exp, "--to", str(tmp_path / "hf"), "--force").code == 0
+    no_partial_left(tmp_path)
