@@ -19,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch.nn.parallel import DistributedDataParallel
 
 from trainer.checkpoints.run import (
     Checkpoints,
@@ -50,7 +49,7 @@ from trainer.model.weights import WeightsError, load_pretrained_file, tf_variabl
 from trainer.optim import build_optimizer, learning_rate, loss_scale, mlperf_keys, set_learning_rate, take_step
 from trainer.parallel import distributed
 from trainer.parallel.exchange import build_exchange
-from trainer.parallel.gradients import GradientSync
+from trainer.parallel.gradients import GradientSync, data_parallel
 
 # CompileFailed: the node cannot compile what the recipe asks to (met in the warm-up, before run_start); the
 # line names runtime.compile and runtime.compile_fallback
@@ -80,7 +79,7 @@ class Trainer:
             self.mllog.weights_initialization(tf_variable_names(self.model))
         self.optimizer = build_optimizer(self.model, cfg.optim, cfg.runtime.kernels == "apex", self.device.type,
                                          compiled=cfg.runtime.compile, compile_fallback=cfg.runtime.compile_fallback == "eager")
-        self.ddp = DistributedDataParallel(self.model, gradient_as_bucket_view=True) if distributed.initialized() else None
+        self.ddp = data_parallel(self.model, cfg.optim)  # None in one process and in clip local
         self.grads = GradientSync(self.model, self.ddp, cfg.optim)
         self.exchange = build_exchange(cfg.balance, cfg.data, self.device, self.env.world_size)
         self.scaler = grad_scaler(cfg.runtime, self.device)
@@ -234,7 +233,7 @@ class Trainer:
     def warm_up(self) -> None:
         """Max-length passes through the real collectives before the clock starts (trainer/loop/warmup.py::warm_up);
         the preflight's train_steps and the GPU checks call it too."""
-        if passes := warm_up(self.cfg, self.exchange, self.device, self.forward_backward, self.optimizer):
+        if passes := warm_up(self.cfg, self.exchange, self.device, self.forward_backward, self.grads, self.optimizer):
             self.say(f"warm-up: {passes} forward/backward pass(es) at length {self.cfg.data.max_seq_length}")
         if self.evaluator:  # a compiled evaluation compiles now, not inside the first timed evaluation
             self.evaluator.warm_up(self.model, self.autocast)

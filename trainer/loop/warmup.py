@@ -18,12 +18,14 @@ from trainer.config import RunConfig
 from trainer.data.layout import Sample
 from trainer.loop.fast_step import make_batch
 from trainer.parallel.exchange import Exchange
+from trainer.parallel.gradients import GradientSync
 
 
 def warm_up(cfg: RunConfig, exchange: Exchange | None, device: torch.device, forward_backward: Callable,
-            optimizer: torch.optim.Optimizer) -> int:
+            grads: GradientSync, optimizer: torch.optim.Optimizer) -> int:
     """The passes made (0 when the run needs none), each through `forward_backward` (the run's
-    Trainer.forward_backward), the gradients dropped after each."""
+    Trainer.forward_backward) and the step's gradient path (`grads`: DDP reduced in the backward, or
+    clip local reduces now), the gradients dropped after each."""
     passes = max(cfg.runtime.nccl_warmup_steps, 2 if cfg.optim.clip == "bucket" else 0)
     if not passes:
         return 0
@@ -33,6 +35,7 @@ def warm_up(cfg: RunConfig, exchange: Exchange | None, device: torch.device, for
         mine = exchange(samples) if exchange else samples
         batch = make_batch(cfg, mine).to(device)
         forward_backward(batch, 1e-3, 1e-3, contextlib.nullcontext())  # DDP reduces: the real collectives
+        grads.finish(1.0)  # clip local reduces here
         optimizer.zero_grad()
     set_rng_state(saved)
     return passes

@@ -9,10 +9,9 @@ fixed_shape gives padding tokens segments of their own), zero-length segments ar
   NestedTensor dispatch that made that path CPU-bound (466 ms of CPU per step on an H100). Dropout
   runs inside the kernel from a philox seed and offset it returns as a device tensor, which the
   backward replays, so it is CUDA-graph safe.
-- Elsewhere (the CPU, fp32) the same operator runs a reference: dense attention over the whole
-  stream with a block-diagonal mask, dropout from a seed it draws from torch's generator and keeps
-  for the backward, which recomputes the forward from it. O(T^2) memory: for tests and the CPU
-  rehearsal, not for speed.
+- Elsewhere (the CPU, fp32) the same operator runs a reference: dense attention within each segment,
+  one at a time, dropout from a seed it draws from torch's generator and keeps for the backward,
+  which recomputes the forward from it. For tests and the CPU rehearsal, not for speed.
 
 Both the forward and the backward are `torch.library.custom_op`s with fake (shape-only) kernels, so
 a compiled model keeps them as single calls, and the autograd formula is registered on the forward.
@@ -97,41 +96,51 @@ _forward.register_autograd(_autograd_backward, setup_context=_setup_context)
 
 
 def reference_attention(q, k, v, cu_seqlens, dropout_p: float, scale: float, seed: int) -> torch.Tensor:
-    """Dense attention over [T, heads, D] with a block-diagonal mask (a token sees its segment only),
-    dropout's keep mask drawn from a generator seeded with `seed`. In fp32, returned in q's dtype."""
-    weights = _softmax_weights(q, k, cu_seqlens, scale) * _dropout_scale(q, dropout_p, seed)
-    return torch.einsum("hts,shd->thd", weights, v.float()).to(q.dtype).contiguous()  # the layout the fake kernel promises
+    """Attention within each segment of [T, heads, D], dropout's keep masks drawn, segment after segment, from
+    a generator seeded with `seed`. In fp32, returned in q's dtype."""
+    out = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    for (start, end), dropped in zip(segments(cu_seqlens), _dropout_scales(q, cu_seqlens, dropout_p, seed)):
+        weights = _softmax_weights(q[start:end], k[start:end], scale) * dropped
+        out[start:end] = torch.einsum("hts,shd->thd", weights, v[start:end].float())
+    return out.to(q.dtype).contiguous()  # the layout the fake kernel promises
 
 
 def reference_attention_backward(grad_out, q, k, v, cu_seqlens, dropout_p: float, scale: float, seed: int):
-    """The gradients of reference_attention, written out (an operator's kernel runs below autograd):
-    with P the softmax weights and Z the dropout scale (keep / (1 - p), or 1),
+    """The gradients of reference_attention, written out (an operator's kernel runs below autograd), segment by
+    segment: with P the softmax weights and Z the dropout scale (keep / (1 - p), or 1),
     dV = (P Z)^T dO, dP = (dO V^T) Z, dS = P (dP - rowsum(dP P)), dQ = scale dS K, dK = scale dS^T Q."""
-    weights = _softmax_weights(q, k, cu_seqlens, scale)
-    dropped = _dropout_scale(q, dropout_p, seed)
-    grad_out = grad_out.float()
-    grad_v = torch.einsum("hts,thd->shd", weights * dropped, grad_out)
-    grad_weights = torch.einsum("thd,shd->hts", grad_out, v.float()) * dropped
-    grad_scores = weights * (grad_weights - (grad_weights * weights).sum(-1, keepdim=True))
-    grad_q = torch.einsum("hts,shd->thd", grad_scores, k.float()) * scale
-    grad_k = torch.einsum("hts,thd->shd", grad_scores, q.float()) * scale
-    return tuple(g.to(x.dtype).contiguous() for g, x in ((grad_q, q), (grad_k, k), (grad_v, v)))
+    grads = [torch.zeros(x.shape, dtype=torch.float32, device=x.device) for x in (q, k, v)]
+    for (start, end), dropped in zip(segments(cu_seqlens), _dropout_scales(q, cu_seqlens, dropout_p, seed)):
+        rows = slice(start, end)
+        weights = _softmax_weights(q[rows], k[rows], scale)
+        grad = grad_out[rows].float()
+        grads[2][rows] = torch.einsum("hts,thd->shd", weights * dropped, grad)
+        grad_weights = torch.einsum("thd,shd->hts", grad, v[rows].float()) * dropped
+        grad_scores = weights * (grad_weights - (grad_weights * weights).sum(-1, keepdim=True))
+        grads[0][rows] = torch.einsum("hts,shd->thd", grad_scores, k[rows].float()) * scale
+        grads[1][rows] = torch.einsum("hts,thd->shd", grad_scores, q[rows].float()) * scale
+    return tuple(g.to(x.dtype).contiguous() for g, x in zip(grads, (q, k, v)))
 
 
-def _softmax_weights(q, k, cu_seqlens, scale: float) -> torch.Tensor:
-    """[heads, T, T] fp32 softmax of the scaled scores, zero between tokens of different segments."""
-    tokens = q.shape[0]
-    segment = torch.bucketize(torch.arange(tokens, device=q.device), cu_seqlens[1:].to(torch.int64), right=True)
-    same = segment[:, None] == segment[None, :]
-    scores = torch.einsum("thd,shd->hts", q.float(), k.float()) * scale
-    return torch.softmax(scores.masked_fill(~same, float("-inf")), dim=-1)
+def segments(cu_seqlens: torch.Tensor) -> list[tuple[int, int]]:
+    """(start, end) of every non-empty segment: the reference reads the offsets on the host (it runs on the CPU,
+    or in fp32, which the fast step refuses on CUDA), and so holds one segment's weights at a time."""
+    offsets = cu_seqlens.tolist()
+    return [(start, end) for start, end in zip(offsets, offsets[1:]) if end > start]
 
 
-def _dropout_scale(q, dropout_p: float, seed: int) -> torch.Tensor | float:
-    """keep / (1 - p) for every attention weight, the keep mask from a generator seeded with `seed`."""
-    if dropout_p == 0.0:
-        return 1.0
-    tokens, heads = q.shape[0], q.shape[1]
-    generator = torch.Generator(device=q.device).manual_seed(seed)
-    keep = torch.rand((heads, tokens, tokens), generator=generator, device=q.device) >= dropout_p
-    return keep / (1.0 - dropout_p)
+def _softmax_weights(q, k, scale: float) -> torch.Tensor:
+    """[heads, L, L] fp32 softmax of one segment's scaled scores."""
+    return torch.softmax(torch.einsum("thd,shd->hts", q.float(), k.float()) * scale, dim=-1)
+
+
+def _dropout_scales(q, cu_seqlens, dropout_p: float, seed: int):
+    """keep / (1 - p) for every attention weight of each segment in turn (1.0 without dropout), the keep masks
+    drawn in segment order from one generator seeded with `seed`: the backward draws the forward's masks again."""
+    generator = torch.Generator(device=q.device).manual_seed(seed) if dropout_p else None
+    for start, end in segments(cu_seqlens):
+        if generator is None:
+            yield 1.0
+        else:
+            keep = torch.rand((q.shape[1], end - start, end - start), generator=generator, device=q.device) >= dropout_p
+            yield keep / (1.0 - dropout_p)

@@ -3,7 +3,8 @@
 Modes (`optim.clip`):
 - after_allreduce: DDP averages during backward; then the average is clipped to max_grad_norm.
 - local (NVIDIA v1.1): each rank clips its own whole gradient to max_grad_norm, then the clipped
-  gradients are averaged in one coalesced allreduce. Communication cannot overlap the backward.
+  gradients are averaged in one coalesced allreduce. Communication cannot overlap the backward; the
+  model is not wrapped in DDP (`data_parallel`).
 - bucket (Samsung v1.1): a DDP communication hook clips each gradient bucket by its own norm
   before that bucket's allreduce, so communication still overlaps the backward (see BucketClip).
 - none: DDP averages; no clipping.
@@ -22,6 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
+from torch.nn.parallel import DistributedDataParallel
 
 from trainer.config import OptimConfig
 
@@ -52,13 +54,28 @@ def allreduce_mean_(grads: list[torch.Tensor], world: int) -> None:
         g.copy_(reduced)
 
 
+def data_parallel(model: nn.Module, optim: OptimConfig) -> DistributedDataParallel | None:
+    """DDP around the model where it reduces the gradients in the backward (clip bucket, after_allreduce,
+    none); None in one process, and in clip local, which reduces by hand after the backward
+    (GradientSync.finish): there DDP would only cut a compiled model into a graph per bucket (dynamo's DDP
+    optimizer) for nothing. Every rank then starts from rank 0's weights by a broadcast, as DDP's
+    construction does."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    if optim.clip == "local":
+        for tensor in [*model.parameters(), *model.buffers()]:
+            dist.broadcast(tensor.data, src=0)
+        return None
+    return DistributedDataParallel(model, gradient_as_bucket_view=True)
+
+
 class GradientSync:
     """The gradient path of one training step, for the configured clipping mode."""
 
     def __init__(self, model: nn.Module, ddp: nn.Module | None, optim: OptimConfig):
         self.model, self.ddp, self.mode, self.max_norm = model, ddp, optim.clip, optim.max_grad_norm
         mode, max_norm = self.mode, self.max_norm
-        self.world = dist.get_world_size() if ddp is not None else 1
+        self.world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
         self.bucket_clip = None
         if mode == "bucket":
             if ddp is None:
