@@ -401,7 +401,7 @@ GROUPS = [
     ("run and follow experiments (docs/clusters.md, docs/experiments.md)",
      ["clusters", "render", "submit", "status", "logs", "plot", "diff", "cancel", "resume", "rerun"]),
     ("before the allocation (docs/preflight.md, docs/balance.md)", ["preflight", "rehearsal", "balance"]),
-    ("results (docs/compliance.md)", ["compliance-check", "package", "export"]),
+    ("results (docs/compliance.md, docs/export.md)", ["compliance-check", "package", "export"]),
     ("data (docs/data.md)", ["data", "convert-checkpoint"]),
 ]
 
@@ -561,8 +561,7 @@ VERBS = [
      "judge runs with the official MLPerf tools: checker per log, olympic score, RCP", compliance_check_args),
     ("package", cmd_package, "write an experiment as an MLPerf submission package and run the package checker", package_args),
     ("plot", cmd_plot, "draw accuracy, loss and throughput of every run as a PNG; overlay experiments", plot_args),
-    ("export", cmd_export, "write a run's weights as a Hugging Face model folder (config.json, model.safetensors, "
-     "tokenizer, model card); prints its path", export_args),
+    ("export", cmd_export, "write a run's weights as a Hugging Face model folder; prints its path", export_args),
     ("preflight", cmd_preflight, "measure every node, flag the slow ones, predict the time to train", preflight_args),
 ]
 
@@ -572,6 +571,8 @@ DETAILS = {
                  "rendezvous, shards, exchange groups, container, seeds.",
     "plot": "Draw eval accuracy, training loss and throughput of every run as a PNG; prints its path. Several "
             "experiments (or --results) are overlaid, one colour and line style each.",
+    "export": "Write a run's weights as a Hugging Face model folder (config.json, model.safetensors, tokenizer, "
+              "model card); prints its path.",
     "preflight": "Measure every node before a run (matmul, memory copy, all-reduce busbw within nodes, across all "
                  "and between node pairs, shard reads, training steps), flag the slow ones and predict the time "
                  "to train. Exit 1 when a node is flagged.",

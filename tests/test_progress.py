@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 from synthetic import make_sample, tiny_run_config
 
 from trainer.config import ModelConfig
@@ -14,6 +15,7 @@ from trainer.data.batch import collate
 from trainer.data.histogram import wikipedia_histogram
 from trainer.loop import progress
 from trainer.loop.progress import Stopwatch, model_flops_utilization, peak_tflops
+from trainer.loop.state import LoopState
 from trainer.loop.tally import Tally
 from trainer.model.bert import flops_per_sequence, training_flops
 
@@ -174,3 +176,44 @@ def test_a_packed_run_reports_actual_beside_nominal_and_warns_when_its_packs_fal
     out = capsys.readouterr().out
     assert f"batch {records[0]['actual_batch']:.1f} of nominal 12" in out
     assert out.count("warning: the run trains") == 1 and "from the nominal global_batch_size 12" in out
+
+
+# ---- the curves: TensorBoard event files (trainer/loop/curves.py)
+
+def progress_report(tmp_path: Path, say, **metrics) -> progress.ProgressReport:
+    from trainer.config import RunConfig
+    from trainer.loop.stragglers import ComputeClock
+
+    run = yaml.safe_load(tiny_run_config(tmp_path / "recipe").read_text())
+    cfg = RunConfig.model_validate({**run, "metrics": metrics} if metrics else run)
+    device = torch.device("cpu")
+    return progress.ProgressReport(cfg, device, ComputeClock(device, "node", 1), tmp_path / "out" / "metrics" / "run_3.jsonl", say)
+
+
+def test_the_curves_go_beside_the_metrics_unless_run_metrics_tensorboard_is_false(tmp_path):
+    from trainer.loop.curves import BY_SAMPLES
+
+    assert progress_report(tmp_path, print, tensorboard=False).curves is None  # the run key arrives
+    report = progress_report(tmp_path, print)
+    assert report.curves.folder == tmp_path / "out" / "tensorboard" / "run_3"
+    assert progress_report(tmp_path, print, tensorboard=True).curves is not None  # the default is on
+    report.start(LoopState())
+    assert (report.curves.folder / BY_SAMPLES).is_dir()
+
+
+def test_without_tensorboard_installed_the_run_says_so_once_and_writes_no_curves(tmp_path, monkeypatch):
+    """The `tensorboard` package absent (blocked from import here: the test environment has it)."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "tensorboard", None)
+    monkeypatch.delitem(sys.modules, "torch.utils.tensorboard", raising=False)
+    said = []
+    report = progress_report(tmp_path, said.append)
+    report.start(LoopState())
+    record = {"update": 1, "samples": 8, "loss": 7.0, "mlm_loss": 6.3, "nsp_loss": 0.7, "lr": 1e-3, "seq_per_s": 9.0,
+              "tokens_per_s": 100.0, "memory_gb": 1.0, "time": time.time()}
+    report.curves.progress(record)
+    report.evaluation(LoopState(updates=1, samples=8, accuracy=0.5))
+    assert len(said) == 1 and "no TensorBoard curves: tensorboard is not installed" in said[0]
+    assert "run.metrics.tensorboard: false" in said[0]
+    assert not (tmp_path / "out" / "tensorboard").exists()

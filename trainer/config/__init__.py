@@ -19,7 +19,7 @@ _HOME = {
     "dataset": ["DatasetManifest", "DatasetOutput", "load_dataset_manifest"],
     "paths": ["DEFAULT_BERTCTL_HOME", "PathError", "expand_path"],
     "run": ["BIN_EDGES", "FINAL_WEIGHTS", "REQUEUE_EXIT_CODE", "BalanceConfig", "CheckpointConfig", "DataConfig",
-            "MLPerfConfig", "ModelConfig", "OptimConfig", "RunConfig", "RuntimeConfig", "TrainConfig",
+            "MLPerfConfig", "MetricsConfig", "ModelConfig", "OptimConfig", "RunConfig", "RuntimeConfig", "TrainConfig",
             "load_run_config", "mlperf_eval_interval"],
 }
 _MODULE_OF = {name: module for module, names in _HOME.items() for name in names}

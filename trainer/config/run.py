@@ -213,6 +213,13 @@ class CheckpointConfig(Section):
 FINAL_WEIGHTS = "final.pt"
 
 
+class MetricsConfig(Section):
+    """What a run writes about itself beside its MLPerf log: metrics/run_N.jsonl always, and the same figures as
+    TensorBoard event files in tensorboard/run_N/ (trainer/loop/curves.py) unless turned off here."""
+
+    tensorboard: bool = True
+
+
 class MLPerfConfig(Section):
     """What the MLPerf log says about the submission."""
 
@@ -252,6 +259,7 @@ class RunConfig(Section):
     balance: BalanceConfig = BalanceConfig()
     runtime: RuntimeConfig = RuntimeConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
+    metrics: MetricsConfig = MetricsConfig()
     mlperf: MLPerfConfig = MLPerfConfig()
 
     @model_validator(mode="after")

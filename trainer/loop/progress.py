@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Callable
 import torch
 
 from trainer.config import ModelConfig, RunConfig
+from trainer.loop.curves import open_curves
 from trainer.loop.stragglers import ComputeClock, describe
 from trainer.loop.tally import Tally, global_sums, mean_losses
 from trainer.model.bert import training_flops
@@ -115,19 +116,29 @@ class BatchDrift:
 
 class ProgressReport:
     """The progress of each window of steps: its line on stdout, its record in metrics/run_N.jsonl
-    (`metrics`, None on the ranks that write none), the straggler line and the batch-drift warning.
-    Its stopwatch times the windows; the loop runs evaluations and checkpoints inside `paused()`."""
+    (`metrics`, None on the ranks that write none) and the same scalars as TensorBoard curves
+    (trainer/loop/curves.py, with each evaluation's accuracy), the straggler line and the batch-drift
+    warning. Its stopwatch times the windows; the loop runs evaluations and checkpoints inside `paused()`."""
 
     def __init__(self, cfg: RunConfig, device: torch.device, clock: ComputeClock, metrics: Path | None,
                  say: Callable[[str], None]):
         self.cfg, self.device, self.clock, self.metrics, self.say = cfg, device, clock, metrics, say
         self.drift = BatchDrift(cfg.train.global_batch_size)
         self.stopwatch = Stopwatch()
+        self.curves = open_curves(cfg.metrics, metrics, say)
 
-    def start(self) -> None:
-        """The first window starts now (after the warm-up, whose device work is done)."""
+    def start(self, state: LoopState) -> None:
+        """The first window starts now (after the warm-up, whose device work is done), from `state`: a fresh
+        run's or the checkpoint's it resumed from (the curves drop what an earlier attempt wrote past it)."""
         self.clock.take()
         self.stopwatch.restart()
+        if self.curves:
+            self.curves.start(state)
+
+    def evaluation(self, state: LoopState) -> None:
+        """The evaluation that just set `state.accuracy`, on the curves."""
+        if self.curves:
+            self.curves.evaluation(state, time.time())
 
     def paused(self):
         """A block whose time is not training (see Stopwatch.paused)."""
@@ -147,6 +158,8 @@ class ProgressReport:
         record.update(self.clock.report(seconds))  # every rank's compute and wait (one all-gather)
         if self.metrics:
             append_json_line(self.metrics, record)
+        if self.curves:
+            self.curves.progress(record)
         self.say(progress_line(record))
         if "straggler" in record:
             self.say(describe(record["straggler"]))

@@ -135,7 +135,7 @@ class Trainer:
             self.mllog.run_start()
             self.mllog.block_start(0, self.state.next_eval)
         synchronize(self.device)  # the warm-up's queued GPU work is not the first block's or window's
-        self.progress.start()  # the progress lines' rates
+        self.progress.start(self.state)  # the progress lines' rates; the curves go on from this state
         self.block_clock = time.perf_counter()  # throughput of each block, for tracked_stats
         if self.evaluator:
             self.say(self.evaluator.describe())
@@ -195,6 +195,7 @@ class Trainer:
         self.mllog.evaluation(s.samples, s.accuracy, {"throughput": (s.samples - s.block_start) / seconds,
                                                       "skipped_steps": s.skipped, "updates": s.updates})
         self.say(f"eval at {s.samples} samples: mlm accuracy {s.accuracy:.4f} (target {t.target_accuracy})")
+        self.progress.evaluation(s)  # on the TensorBoard curves
         s.block_start = s.samples
         s.next_eval += t.eval_interval
         if s.accuracy < t.target_accuracy:
