@@ -79,6 +79,13 @@ class Curves:
         self.by_update.add_scalar(tag, value, update, walltime=walltime)
         self.by_samples.add_scalar(f"{BY_SAMPLES}/{tag}", value, samples, walltime=walltime)
 
+    def close(self) -> None:
+        """Close the writers: their threads and files end (later points are not written)."""
+        if self.by_update is not None:
+            self.by_update.close()
+            self.by_samples.close()
+            self.by_update = self.by_samples = None
+
     def flush(self) -> None:
         """On disk now: a run killed at any moment has its curves up to its last report."""
         if self.by_update is not None:

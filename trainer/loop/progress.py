@@ -160,6 +160,8 @@ class ProgressReport:
             append_json_line(self.metrics, record)
         if self.curves:
             self.curves.progress(record)
+            if state.status is not None:  # the run's last record: nothing follows it (a process may train again)
+                self.curves.close()
         self.say(progress_line(record))
         if "straggler" in record:
             self.say(describe(record["straggler"]))
