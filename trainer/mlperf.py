@@ -151,11 +151,15 @@ class RunLogger:
         if self._log:
             self._log.end(K.BLOCK_STOP, metadata={K.FIRST_EPOCH_NUM: first_sample, K.SAMPLES_COUNT: last_sample})
 
+    def eval_start(self, samples: int) -> None:
+        """Before the eval that ends a block: eval_start and eval_stop bracket the evaluation's own time."""
+        if self._log:
+            self._log.start(K.EVAL_START, metadata={K.EPOCH_NUM: samples})
+
     def evaluation(self, samples: int, accuracy: float, stats: dict | None = None) -> None:
-        """The eval that ends a block: its accuracy at `samples` trained, and the block's statistics."""
+        """After the eval that ends a block: its accuracy at `samples` trained, and the block's statistics."""
         if not self._log:
             return
-        self._log.start(K.EVAL_START, metadata={K.EPOCH_NUM: samples})
         self._log.end(K.EVAL_STOP, metadata={K.EPOCH_NUM: samples})
         self._log.event(K.EVAL_ACCURACY, accuracy, metadata={K.EPOCH_NUM: samples})
         if stats:

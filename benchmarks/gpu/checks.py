@@ -37,16 +37,18 @@ import sys
 import tempfile
 import time
 import traceback
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import torch
+import yaml
 
 from trainer.balance.algorithms import pack_sequences
 from trainer.config import ModelConfig, OptimConfig
 from trainer.data.batch import Capacity, collate, fixed_shape
 from trainer.data.histogram import sample_lengths
-from trainer.data.layout import Sample
+from trainer.data.layout import Sample, write_shard
 from trainer.loop.fast_step import CompiledForward, device_counts
 from trainer.loop.progress import peak_tflops, synchronize
 from trainer.model.apex_kernels import apex_missing
@@ -374,9 +376,10 @@ def steady_state_syncs(device: torch.device, precision: str, steps: int = 5) -> 
     if device.type == "cuda":
         cases[f"bucket_{precision}_compiled"] = ({"clip": "bucket"}, {"precision": precision, "compile": True}, {})
         # the packed cases run the fast step on CUDA (runtime.step auto); this one compiled and replayed as CUDA graphs
-        cases[f"local_{precision}_packed_graphed"] = ({"clip": "local"}, {"precision": precision, "compile": True,
-                                                                          "cuda_graph": precision == "bf16"},
-                                                      {"packing": True, "pack_sequences": 3, "pack_average": 2})
+        for clip in ("local", "bucket"):  # the H100 recipe's clip mode and Samsung's, each on the fast step as shipped
+            cases[f"{clip}_{precision}_packed_graphed"] = ({"clip": clip, "name": "lamb"}, {"precision": precision, "compile": True,
+                                                                                           "cuda_graph": precision == "bf16"},
+                                                           {"packing": True, "pack_sequences": 3, "pack_average": 2})
         cases["bucket_fp16"] = ({"clip": "bucket"}, {"precision": "fp16"}, {})
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     results = {}
@@ -402,7 +405,8 @@ def steady_state_syncs(device: torch.device, precision: str, steps: int = 5) -> 
     if device.type != "cuda":
         return {"runs": results, "note": "no CUDA here: the steps ran, the syncs were not counted"}
     syncing = [label for label in (f"bucket_{precision}", f"local_{precision}_packed", f"bucket_{precision}_compiled",
-                                   f"local_{precision}_packed_graphed") if results[label]["syncs_per_step"]]
+                                   f"local_{precision}_packed_graphed", f"bucket_{precision}_packed_graphed")
+               if results[label]["syncs_per_step"]]
     if syncing:  # every case's counts stay in the record
         found = results[syncing[0]]
         return {"runs": results, "status": "fail",
@@ -445,26 +449,28 @@ def apex_paths(device: torch.device, cfg: ModelConfig, n: int) -> dict:
             "max_relative_update_diff": float(f"{update_error:.3g}")}
 
 
-@check("throughput: BERT-large phase 2, bf16, the H100 recipe's packs: Hugging Face padded, ours reference, "
-       "the fast step added in turn (direct flash, static compile, CUDA graph)")
+@check("throughput: BERT-large phase 2, bf16, the H100 recipe's packs: Hugging Face as its users train it, ours "
+       "reference, the fast step added in turn (direct flash, static compile, CUDA graph, the recipe's LAMB compiled)")
 def throughput(device: torch.device, cfg: ModelConfig, packs: int, steps: int, seq_len: int = 512, warmup: int = 3,
-               probes: int = 3, hf_micro: int = 32) -> dict:
-    """One run, one device, the same packed batches (`packs` rows of at most 3 sequences and 512 tokens
-    per step, NVIDIA's H100 recipe: 48; `seq_len` tokens a row), trained by
-    - hugging_face_padded_sdpa: Hugging Face's BertForPreTraining on the step's sequences padded to 512,
-      in micro-batches of `hf_micro` sequences (its memory at 96 x 512 would not compare);
+               probes: int = 3, hf_batch: int = 56) -> dict:
+    """One run, one device, the same sequences: `steps` batches of `packs` packs (rows of at most 3 sequences and
+    `seq_len` tokens, NVIDIA's H100 recipe: 48 packs of 512), trained by
+    - hugging_face (the baseline): Hugging Face's BertForPreTraining as its users train it: batches of `hf_batch`
+      sequences (56, NVIDIA's A100 batch per GPU) padded to 512, SDPA attention, the forward in autocast and the
+      backward outside it, torch's fused AdamW, one update per batch;
     - ours_reference: runtime.step reference (the unpadded stream, attention auto: NestedTensor on CUDA), eager;
     - fast_direct_flash: runtime.step fast (fixed shapes, the packed attention operator, fused QKV), eager;
     - fast_static_compile: + the whole model torch.compile'd with static shapes;
     - fast_cuda_graph: + its forward and backward replayed as CUDA graphs (mode reduce-overhead; CUDA only);
-    - fast_cuda_graph_lamb: the same with the MLPerf recipe's LAMB (trainer/optim.py, foreach) for the AdamW.
-    Each: sequences/s and MFU over the timed steps, peak memory, and from probe steps run one at a time
-    (the device idle before each) the host's time to issue a step (cpu_ms) and the device's time to run it
-    (gpu_ms, CUDA events). The optimizer runs eagerly after each step: torch's fused AdamW, the last variant's LAMB."""
+    - fast_cuda_graph_lamb: the same with the recipe's LAMB compiled (Lamb.compile_update), as the trainer runs it
+      with runtime.compile; fast_cuda_graph_lamb_eager: with its multi-tensor eager update, for the A/B.
+    Every variant's forward runs in autocast and its backward outside it, as Trainer.forward_backward does. Each:
+    sequences/s and MFU over the timed steps, peak memory, and from probe steps run one at a time (the device idle
+    before each) the host's time to issue a step (cpu_ms) and the device's time to run it (gpu_ms, CUDA events);
+    `speedup_vs_hf`: each variant's sequences/s over the baseline's."""
     rng = np.random.default_rng(6)
     batches = packed_batches(rng, cfg.vocab_size, packs, warmup + steps + probes, seq_len)
-    timed_batches = batches[warmup:warmup + steps]
-    timed = [s for b in timed_batches for s in b]
+    timed = [s for b in batches[warmup:warmup + steps] for s in b]
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
     peak = peak_tflops(name) if device.type == "cuda" else None
     # per sequence, then averaged: attention's FLOPs grow with each length squared
@@ -472,25 +478,28 @@ def throughput(device: torch.device, cfg: ModelConfig, packs: int, steps: int, s
     figures = {"packs": packs, "steps": steps, "sequences_per_step": round(len(timed) / steps, 1),
                "mean_length": round(float(np.mean([len(s.input_ids) for s in timed])), 1),
                "masked_per_sequence": round(float(np.mean([len(s.masked_lm_positions) for s in timed])), 1),
-               "peak_tflops_bf16_dense": peak, "gpu": name, "compile_backend": compile_backend(device)}
+               "hf_batch": hf_batch, "peak_tflops_bf16_dense": peak, "gpu": name, "compile_backend": compile_backend(device)}
     cap = Capacity.of_packs(packs, seq_len, 3, 76)
+    autocast = partial(torch.autocast, device.type, dtype=torch.bfloat16)
     failed: list[str] = []
 
-    def measure(label: str, model, step, optimizer: str = "adamw_fused") -> None:
+    def measure(label: str, model, step, optimizer: str = "adamw_fused", plan=None) -> None:
         """One variant's figures; a variant that raises is recorded with its reason and the next one runs
         (each variant is the first run of its code path on a GPU: one failure must not cost the rest)."""
         try:
-            figures[label] = measured(model, step, optimizer)
+            figures[label] = measured(model, step, optimizer, plan or (batches[:warmup], batches[warmup:warmup + steps],
+                                                                       batches[warmup + steps:]))
         except Exception as e:  # noqa: BLE001 - a broken variant is a result
             traceback.print_exc(limit=4)
             figures[label] = {"error": f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"[:300]}
             failed.append(label)
         print(f"  {label}: {figures[label]}", flush=True)
 
-    def measured(model, step, name: str) -> dict:
-        if name == "lamb":  # the MLPerf recipe's optimizer as the trainer builds it (foreach, no host sync)
+    def measured(model, step, name: str, plan) -> dict:
+        warm, timed_batches, probe = plan
+        if name.startswith("lamb"):  # the recipe's optimizer as the trainer builds it, its update compiled or eager
             optimizer = build_optimizer(model, OptimConfig(name="lamb", lr=1e-4, max_steps=100), use_apex=False,
-                                        device_type=device.type)
+                                        device_type=device.type, compiled=name == "lamb_compiled")
         else:
             optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
         if device.type == "cuda":
@@ -498,57 +507,62 @@ def throughput(device: torch.device, cfg: ModelConfig, packs: int, steps: int, s
             torch.cuda.reset_peak_memory_stats(device)
 
         def train(samples):
-            with torch.autocast(device.type, dtype=torch.bfloat16):
-                step(model, samples)
+            step(model, samples)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
 
-        for samples in batches[:warmup]:
+        for samples in warm:
             train(samples)
         synchronize(device)
         started = time.perf_counter()
         for samples in timed_batches:
             train(samples)
         synchronize(device)
-        seq_per_s = len(timed) / (time.perf_counter() - started)
-        cpu_ms, gpu_ms = probe_steps(device, train, batches[warmup + steps:])
+        seq_per_s = sum(map(len, timed_batches)) / (time.perf_counter() - started)
+        cpu_ms, gpu_ms = probe_steps(device, train, probe)
         return {"seq_per_s": round(seq_per_s, 1), "mfu": round(seq_per_s * flops / (peak * 1e12), 4) if peak else None,
                 "cpu_ms_per_step": cpu_ms, "gpu_ms_per_step": gpu_ms, **peak_memory(device)}
 
     def hf_step(model, samples):
-        for i in range(0, len(samples), hf_micro):  # the step's mean loss, accumulated over micro-batches
-            chunk = samples[i:i + hf_micro]
-            (model(**hf_inputs(chunk, device, seq_len)).loss * (len(chunk) / len(samples))).backward()
+        with autocast():
+            loss = model(**hf_inputs(samples, device, seq_len)).loss
+        loss.backward()
 
     def reference_step(model, samples):
         batch = collate(samples, unpadded=True).to(device)
-        mlm_sum, nsp_sum = model(batch, loss_sums=True)
+        with autocast():
+            mlm_sum, nsp_sum = model(batch, loss_sums=True)
         (mlm_sum / batch.num_masked + nsp_sum / batch.num_sequences).backward()
 
     def fast_step_with(forward):
         def step(model, samples):
             batch = fixed_shape(collate(samples, unpadded=True), cap).to(device)
             masked, sequences = device_counts([batch])
-            mlm_sum, nsp_sum = forward(batch)
+            with autocast():
+                mlm_sum, nsp_sum = forward(batch)
             (mlm_sum / masked + nsp_sum / sequences).backward()
         return step
 
     torch.manual_seed(0)
-    measure("hugging_face_padded_sdpa", hf_model(cfg, "sdpa").to(device).train(), hf_step)
+    hf_batch = figures["hf_batch"] = max(1, min(hf_batch, len(timed)))  # --quick's steps hold a few sequences
+    pool = [s for b in batches for s in b]  # the same sequences, in Hugging Face's batches of hf_batch
+    chunks = [pool[i:i + hf_batch] for i in range(0, len(pool), hf_batch)]
+    hf_plan = (chunks[:warmup], chunks[warmup:warmup + max(1, len(timed) // hf_batch)], chunks[-probes:])
+    measure("hugging_face", hf_model(cfg, "sdpa").to(device).train(), hf_step, plan=hf_plan)
     model = BertForPreTraining(cfg).to(device).train()
     measure("ours_reference", model, reference_step)
     measure("fast_direct_flash", model, fast_step_with(lambda batch: model(batch, loss_sums=True)))
     compiled = CompiledForward(model, backend=compile_backend(device))
     measure("fast_static_compile", model, fast_step_with(compiled))
-    figures["compile_failed"] = compiled.failed  # then that variant ran eager
     if device.type == "cuda":
         graphed = CompiledForward(model, cuda_graph=True, backend=compile_backend(device))
         measure("fast_cuda_graph", model, fast_step_with(graphed))
-        measure("fast_cuda_graph_lamb", model, fast_step_with(graphed), optimizer="lamb")
-        figures["cuda_graph_compile_failed"] = graphed.failed
+        measure("fast_cuda_graph_lamb", model, fast_step_with(graphed), optimizer="lamb_compiled")
+        measure("fast_cuda_graph_lamb_eager", model, fast_step_with(graphed), optimizer="lamb_eager")
     else:
-        figures["fast_cuda_graph"] = figures["fast_cuda_graph_lamb"] = {"skipped": "CUDA graphs need a CUDA device"}
-    hf = figures["hugging_face_padded_sdpa"].get("seq_per_s")
+        for label in ("fast_cuda_graph", "fast_cuda_graph_lamb", "fast_cuda_graph_lamb_eager"):
+            figures[label] = {"skipped": "CUDA graphs need a CUDA device"}
+    hf = figures["hugging_face"].get("seq_per_s")
     if hf:
         figures["speedup_vs_hf"] = {k: round(figures[k]["seq_per_s"] / hf, 2) for k in VARIANTS if "seq_per_s" in figures[k]}
     if failed:  # the figures of the variants that ran stay in the record
@@ -556,7 +570,93 @@ def throughput(device: torch.device, cfg: ModelConfig, packs: int, steps: int, s
     return figures
 
 
-VARIANTS = ("ours_reference", "fast_direct_flash", "fast_static_compile", "fast_cuda_graph", "fast_cuda_graph_lamb")
+VARIANTS = ("ours_reference", "fast_direct_flash", "fast_static_compile", "fast_cuda_graph", "fast_cuda_graph_lamb",
+            "fast_cuda_graph_lamb_eager")
+
+
+@check("trainer throughput: python -m trainer under torchrun, BERT-large phase 2 on packed synthetic shards, the H100 "
+       "recipe's step (48 packs, bf16, the model, evaluation and LAMB compiled, graphed): the rate its own metrics report")
+def trainer_throughput(device: torch.device, cfg: ModelConfig, packs: int, steps: int, deadline: float, log: Path,
+                       seq_len: int = 512, eval_samples: int = 10_000, clips: tuple[str, ...] = ("local", "bucket"),
+                       stage_e: Path | None = None) -> dict:
+    """The product, not a harness: the real trainer (`python -m trainer`, one rank under torchrun, NCCL on CUDA)
+    on HDF5 shards of sequences with Wikipedia's lengths (15 % masked, as stage e's), `steps` updates of `packs`
+    packs each in every `clips` mode, then one evaluation of `eval_samples` samples. Reported from the run's own
+    files: sequences/s (the median of metrics/run_0.jsonl's windows after the first, which holds the first
+    steps' compilation), the evaluation's seconds (eval_start to eval_stop in its MLPerf log) and the step's
+    setting. A compile failure fails the run (runtime.compile_fallback: error). With stage e's record at hand
+    (`stage_e`), its fast_cuda_graph_lamb figure must agree within 5 %."""
+    rng = np.random.default_rng(11)
+    per_step = 2 * packs  # NVIDIA's packed data: 2 sequences a pack on average
+    cuda = device.type == "cuda"
+    figures = {"packs": packs, "steps": steps, "eval_samples": eval_samples, "runs": {}}
+    with tempfile.TemporaryDirectory(prefix="bertctl-gpu-suite-") as tmp:
+        train_dir, eval_dir = Path(tmp) / "train", Path(tmp) / "eval"
+        shards = 4
+        for i in range(shards):
+            write_shard(train_dir / f"part_{i:05d}.hdf5", make_samples(per_step * (steps + 30) // shards, rng, cfg.vocab_size,
+                                                                       max_len=seq_len, masked_share=0.15), "varlen", seq_len, 76)
+        write_shard(eval_dir / "eval.hdf5", make_samples(eval_samples, rng, cfg.vocab_size, max_len=seq_len, masked_share=0.15),
+                    "varlen", seq_len, 76)
+        for clip in clips:
+            folder = Path(tmp) / clip
+            folder.mkdir()
+            config = folder / "run.yaml"
+            config.write_text(yaml.safe_dump(product_run(cfg, train_dir, eval_dir, packs, steps, seq_len, eval_samples, clip, cuda)))
+            proc = run_child([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=1", "-m", "trainer",
+                              "--config", str(config), "--out", str(folder / "out")], deadline, log, f"trainer {clip}")
+            assert proc.returncode == 0, f"clip {clip}: {proc.reason()}"
+            figures["runs"][clip] = run_figures(folder / "out")
+    return {**figures, **against_stage_e({clip: run["seq_per_s"] for clip, run in figures["runs"].items()}, stage_e)}
+
+
+def against_stage_e(rates: dict[str, float], stage_e: Path | None) -> dict:
+    """The trainer's rates over stage e's fast_cuda_graph_lamb (the same step in the harness), when its record is
+    there; AssertionError when one differs by more than 5 %."""
+    record = json.loads(stage_e.read_text()) if stage_e is not None and stage_e.exists() else {}
+    harness = (record.get("checks") or [{}])[0].get("fast_cuda_graph_lamb", {}).get("seq_per_s")
+    if not harness:
+        return {"stage_e": "no stage e record with fast_cuda_graph_lamb's rate to compare with"}
+    ratios = {clip: round(rate / harness, 3) for clip, rate in rates.items()}
+    off = {clip: ratio for clip, ratio in ratios.items() if abs(ratio - 1) > 0.05}
+    assert not off, f"the trainer's rate differs from stage e's {harness} seq/s by more than 5 %: {off}"
+    return {"stage_e_fast_cuda_graph_lamb": harness, "trainer_over_stage_e": ratios}
+
+
+def product_run(cfg: ModelConfig, train_dir: Path, eval_dir: Path, packs: int, steps: int, seq_len: int, eval_samples: int,
+                clip: str, cuda: bool) -> dict:
+    """The H100 recipe's run (clusters/nvidia_dgxh100_1x8.yaml: LAMB, 48 packs of up to 3 averaging 2, bf16, compiled and
+    graphed) on one rank for `steps` updates, with one evaluation 5 updates before the end; the CPU rehearsal runs it
+    in fp32, eager."""
+    per_step = 2 * packs
+    return {
+        "world_size": 1, "model": cfg.model_dump(),
+        "data": {"train_dir": str(train_dir), "eval_dir": str(eval_dir), "max_seq_length": seq_len, "max_predictions_per_seq": 76,
+                 "num_workers": 2, "eval_samples": eval_samples},
+        "optim": {"name": "lamb", "lr": 9.6e-4, "betas": [0.60466, 0.85437], "weight_decay": 0.1, "max_steps": steps, "clip": clip},
+        "train": {"batch_size": packs, "global_batch_size": per_step, "max_samples_termination": 10**9, "target_accuracy": 0.99,
+                  "eval_every_samples": per_step * (steps - 5), "eval_start_samples": per_step * (steps - 5),
+                  "log_every_steps": max(1, steps // 6)},
+        "balance": {"packing": True, "pack_sequences": 3, "pack_average": 2, "pack_window": min(65536, 20 * per_step)},
+        "runtime": {"device": "cuda" if cuda else "cpu", "backend": "nccl" if cuda else "gloo", "precision": "bf16" if cuda else "fp32",
+                    "unpad": True, "step": "fast", "compile": cuda, "cuda_graph": cuda, "nccl_warmup_steps": 2},
+        "mlperf": {"division": "open"},
+    }
+
+
+def run_figures(out: Path) -> dict:
+    """What a run's own files say: sequences/s (median window after the first), MFU, memory, its evaluation's seconds."""
+    records = [json.loads(line) for line in (out / "metrics" / "run_0.jsonl").read_text().splitlines()]
+    steady = records[1:] or records
+    events = {}
+    for line in (out / "results" / "result_0.txt").read_text().splitlines():
+        event = json.loads(line.split(":::MLLOG ", 1)[1])
+        events.setdefault(event["key"], event["time_ms"])
+    return {"seq_per_s": round(float(np.median([r["seq_per_s"] for r in steady])), 1),
+            "windows_seq_per_s": [round(r["seq_per_s"], 1) for r in records],
+            "mfu": round(float(np.median([r["mfu"] for r in steady])), 4) if "mfu" in steady[0] else None,
+            "memory_gb": max(r["memory_gb"] for r in records), "loss": [round(records[0]["loss"], 3), round(records[-1]["loss"], 3)],
+            "eval_seconds": round((events["eval_stop"] - events["eval_start"]) / 1e3, 2)}
 
 
 def compile_backend(device: torch.device) -> str:

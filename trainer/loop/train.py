@@ -191,6 +191,7 @@ class Trainer:
         s, t = self.state, self.cfg.train
         seconds = time.perf_counter() - self.block_clock
         self.mllog.block_stop(s.block_start, s.samples)
+        self.mllog.eval_start(s.samples)
         s.accuracy, _ = self.evaluator.accuracy(self.model, self.autocast)
         self.mllog.evaluation(s.samples, s.accuracy, {"throughput": (s.samples - s.block_start) / seconds,
                                                       "skipped_steps": s.skipped, "updates": s.updates})
