@@ -63,8 +63,8 @@ def test_each_shipped_cluster_resolves_to_its_step_precision_and_compile_setting
     assert set(RESOLVED_ON_A_GPU) == set(SHIPPED)
     c = load_cluster(name).config
     assert (resolved(c.run), resolved(c.phase1_run())) == RESOLVED_ON_A_GPU[name]
-    if c.run.fast_step:  # as measured: packs of at most 3, the whole model compiled with LAMB's update
-        assert (c.run.balance.packing, c.run.balance.pack_sequences, c.run.optim.name) == (True, 3, "lamb")
+    if c.run.fast_step:  # as measured: packs, the whole model compiled with LAMB's update
+        assert (c.run.balance.packing, c.run.balance.pack_sequences in (2, 3), c.run.optim.name) == (True, True, "lamb")
 
 
 def test_samsung_recipe_is_the_submitted_one():
@@ -143,7 +143,7 @@ def test_user_cluster_folder_comes_first(tmp_path, monkeypatch):
     ("name: x\n  bad: [indent", "invalid YAML"),
     ("- a\n- b\n", "expected a mapping of keys at the top level, got list"),
     ("name: x\n", "resources: required key is missing"),
-    ("name: x\nresoruces: {}\n", "unknown key 'resoruces' (valid keys here: container, description, executor, experiments_dir, name, node, preflight, prepare, resources, run, slurm, system)"),
+    ("name: x\nresoruces: {}\n", "unknown key 'resoruces' (valid keys here: container, description, executor, experiments_dir, name, node, on_gpus, preflight, prepare, resources, run, slurm, system)"),
 ])
 def test_malformed_files_give_one_line_with_the_file(tmp_path, content, message):
     path = tmp_path / "bad.yaml"

@@ -11,7 +11,7 @@ import signal
 import time
 
 import pytest
-from conftest import run_bertctl, run_cli
+from conftest import REPO, run_bertctl, run_cli
 
 from orchestrator.config import local_gpus
 from orchestrator.config.clusters import load_cluster
@@ -54,13 +54,13 @@ def test_with_gpus_one_rank_per_gpu_on_cuda_nccl_bf16_phase_one_too(gpus):
     assert (c.run.runtime.device, c.run.runtime.backend, c.run.runtime.precision) == ("cuda", "nccl", "bf16")
     phase1 = c.phase1_run().runtime
     assert (phase1.device, phase1.backend, phase1.precision) == ("cuda", "nccl", "bf16")
-    assert (c.run.train.batch_size, c.run.train.global_batch_size) == (16, 32)  # batch_size is per rank
+    assert (c.run.train.batch_size, c.run.train.global_batch_size) == (10, 30)  # per rank: 10 packs of 1.5 sequences
 
 
 def test_overrides_win_over_what_the_probe_decides(gpus):
     gpus(2)
-    c = load_cluster("local", ["run.runtime.precision=fp16", "resources.tasks_per_node=1",
-                               "run.train.global_batch_size=16"]).config
+    c = load_cluster("local", ["run.runtime.precision=fp16", "run.runtime.cuda_graph=false", "resources.tasks_per_node=1",
+                               "run.train.global_batch_size=15"]).config
     assert (c.world_size, c.run.runtime.device, c.run.runtime.precision) == (1, "cuda", "fp16")
     cpu = load_cluster("local", ["run.runtime.device=cpu"]).config  # a GPU machine kept on the CPU
     assert (cpu.resources.gpus_per_node, cpu.world_size, cpu.run.runtime.backend, cpu.phase1_run().runtime.device) == (0, 1, "gloo", "cpu")
@@ -164,16 +164,35 @@ def test_auto_is_for_the_local_executor_only(gpus):
 
 @pytest.mark.parametrize("overrides,expected", [
     ([], (True, "bf16", True, True, True)),
-    (["run.runtime.precision=fp16"], (True, "fp16", True, False, True)),  # fp16's loss scaler decides on the host: no graphs
-    (["run.runtime.step=reference"], (False, "bf16", True, False, True)),  # graphs replay the fast step only
-    (["run.balance.stratified=true"], (False, "bf16", True, False, False)),  # the batches chosen: stratified, not packs
+    (["run.runtime.precision=fp16", "run.runtime.cuda_graph=false"], (True, "fp16", True, False, True)),
+    (["run.runtime.step=reference", "run.runtime.cuda_graph=false"], (False, "bf16", True, False, True)),
     (["run.runtime.cuda_graph=false", "run.runtime.compile=false"], (True, "bf16", False, False, True)),
 ])
 def test_on_gpus_local_runs_the_fast_step_as_measured_unless_an_override_decides(gpus, overrides, expected):
-    """(fast step, precision, compile, CUDA graphs, packs) of the run; phase 1 packs its batches too."""
-    gpus(1)
+    """(fast step, precision, compile, CUDA graphs, packs) of the run, from local.yaml's on_gpus keys; phase 1 packs
+    its batches too, and the logged batches count the packs' sequences (pack_average)."""
+    gpus(2)
     c = load_cluster("local", overrides).config
     rt = c.run.runtime
     assert (c.run.fast_step, rt.precision, rt.compile, rt.cuda_graph, c.run.balance.packing) == expected
-    assert (c.run.balance.pack_sequences, c.run.balance.stratified) == ((3, False) if expected[4] else (None, True))
-    assert c.phase1_run().balance.packing and c.phase1_run().runtime.unpad
+    assert (c.run.train.batch_size, c.run.balance.pack_average, c.run.train.global_batch_size) == (10, 1.5, 30)
+    phase1 = c.phase1_run()
+    assert (phase1.fast_step, phase1.runtime.unpad, phase1.train.global_batch_size) == (True, True, 37)
+
+
+def test_an_on_gpus_setting_the_gpu_cannot_run_is_one_line_naming_the_key_and_the_fix(gpus):
+    """fp16 with the file's CUDA graphs: refused, never a silent change of another key."""
+    gpus(1)
+    with pytest.raises(UserError, match=r"run.runtime.cuda_graph: fp16's loss scaling decides on the host whether a step is "
+                                        r"skipped: use runtime.precision: bf16 or runtime.cuda_graph: false$"):
+        load_cluster("local", ["run.runtime.precision=fp16"])
+
+
+def test_an_unknown_on_gpus_key_is_refused_on_a_machine_without_gpus_too(gpus, tmp_path, monkeypatch):
+    gpus(0)
+    text = (REPO / "clusters" / "local.yaml").read_text().replace("run.balance.packing: true", "run.balance.packng: true")
+    (tmp_path / "mylocal.yaml").write_text(text.replace("name: local\n", "name: mylocal\n"))
+    monkeypatch.setenv("BERTCTL_CLUSTERS", str(tmp_path))
+    with pytest.raises(UserError, match=r"on_gpus.run.balance.packng: unknown key 'run.balance.packng' \(valid keys under "
+                                        r"run.balance: bin_quotas, "):
+        load_cluster("mylocal")

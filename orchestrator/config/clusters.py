@@ -364,6 +364,10 @@ class ClusterConfig(Section):
     system: Optional[SystemDescription] = None
     prepare: Prerequisites = Prerequisites()
     preflight: PreflightConfig = PreflightConfig()
+    # with resources.gpus_per_node: auto and GPUs found, these dotted keys and values (as `-o` gives them, typed as
+    # in the file) apply on top of CUDA, NCCL and bf16, each unless `-o` names it: the recipe on GPUs
+    # (orchestrator/config/local_gpus.py::on_gpus)
+    on_gpus: dict[str, Any] = {}
     run: RunConfig
 
     @model_validator(mode="before")
@@ -428,6 +432,11 @@ def cluster_problems(c: ClusterConfig) -> list[ConfigProblem]:
             problems.append(ConfigProblem("prepare.phase1", "writes run.train.init_checkpoint, which is not set"))
         else:
             c.phase1_run()  # raises with the phase-1 key that is wrong
+    for key in c.on_gpus:  # checked on every machine, not only where GPUs apply them
+        try:
+            configfile.check_key_path(ClusterConfig, key.split("."), f"on_gpus.{key}")
+        except UserError as e:
+            problems.append(ConfigProblem(f"on_gpus.{key}", str(e).partition(": ")[2]))  # the message after its place
     rt, bal = c.run.runtime, c.run.balance
     if rt.device == "cuda" and c.resources.gpus_per_node < c.resources.tasks_per_node:
         problems.append(ConfigProblem(

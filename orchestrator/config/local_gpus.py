@@ -4,13 +4,15 @@ The local executor runs the job on the submitting machine, so the machine is pro
 time and without torch (the orchestrator never imports it): `nvidia-smi -L` lists the GPUs, else
 /proc/driver/nvidia/gpus holds one folder per GPU; CUDA_VISIBLE_DEVICES narrows them as CUDA would.
 With GPUs found and no device asked for, the run (and phase 1) takes one rank per GPU, CUDA, NCCL and
-bf16, each unless an override says otherwise; without any, the file's CPU settings stand. An explicit
+bf16, then the cluster file's `on_gpus` keys (its recipe on GPUs), each unless an override says otherwise;
+without any, the file's CPU settings stand. An explicit
 `run.runtime.device=cuda` on a machine without a GPU is refused here, in one line.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import re
 import shutil
@@ -25,11 +27,9 @@ from orchestrator.errors import UserError
 
 AUTO = "auto"
 PROC_GPUS = Path("/proc/driver/nvidia/gpus")
-# What a run (and phase 1) on the found GPUs sets, each unless an override names the key: the fast step
-# as it was measured (trainer/loop/fast_step.py: packs of at most 3 sequences, bf16, the whole model
-# compiled, its forward and backward replayed as CUDA graphs where they can run: bf16, the fast step)
-GPU_RUNTIME = {"device": "cuda", "backend": "nccl", "precision": "bf16", "unpad": True, "compile": True}
-GPU_BALANCE = {"stratified": False, "packing": True, "pack_sequences": 3}
+# what a run (and phase 1) on the found GPUs sets, each unless an override names the key; a cluster's own
+# `on_gpus` keys (the recipe on GPUs: clusters/local.yaml runs the fast step as measured) come on top
+GPU_RUNTIME = {"device": "cuda", "backend": "nccl", "precision": "bf16"}
 
 
 # how long `nvidia-smi -L` may take (it waits for the driver on a machine without persistence mode); its output goes
@@ -156,41 +156,34 @@ def resolve_auto_gpus(raw: dict[str, Any], overrides, where: str) -> dict[str, A
 
 
 def on_gpus(raw: dict[str, Any], gpus: int, given: set[str]) -> dict[str, Any]:
-    """One rank per GPU, CUDA, NCCL, bf16 for the run and phase 1, except where an override decided.
-    The file's train.batch_size stays per rank, so the global batch grows with the ranks."""
-    raw = {**raw, "resources": {**raw["resources"]}, "run": {**raw.get("run", {})}}
+    """One rank per GPU, CUDA, NCCL, bf16 for the run and phase 1, then the cluster's `on_gpus` keys, each except
+    where an override decided. The file's train.batch_size stays per rank, so the global batch grows with the ranks
+    (times balance.pack_average where packs are counted in sequences)."""
+    raw = copy.deepcopy(raw)
     set_unless_given(raw["resources"], "tasks_per_node", gpus, "resources.tasks_per_node", given)
-    ranks = raw["resources"]["tasks_per_node"]
-    run = raw["run"]
-    run.update(fast_step_on_gpus(run, "run", given))
-    train = run.get("train")
-    if isinstance(train, dict) and isinstance(train.get("batch_size"), int):
-        run["train"] = {**train}
-        set_unless_given(run["train"], "global_batch_size", train["batch_size"] * ranks * train.get("gradient_accumulation_steps", 1),
-                         "run.train.global_batch_size", given)
-    phase1 = (raw.get("prepare") or {}).get("phase1")
-    if isinstance(phase1, dict):  # without a runtime of its own it takes the run's (and so needs packs too)
-        raw["prepare"] = {**raw["prepare"], "phase1": {**phase1, **fast_step_on_gpus(phase1, "prepare.phase1", given)}}
+    defaults = {f"run.runtime.{key}": value for key, value in GPU_RUNTIME.items()}
+    if isinstance((raw.get("prepare") or {}).get("phase1"), dict) and raw["prepare"]["phase1"].get("runtime") is not None:
+        defaults |= {f"prepare.phase1.runtime.{key}": value for key, value in GPU_RUNTIME.items()}
+    for key, value in {**defaults, **(raw.get("on_gpus") or {})}.items():
+        if key not in given:
+            set_path(raw, key.split("."), value)
+    run = raw.setdefault("run", {})
+    train, balance = run.get("train"), run.get("balance") or {}
+    if isinstance(train, dict) and isinstance(train.get("batch_size"), int) and "run.train.global_batch_size" not in given:
+        per_row = balance.get("pack_average") if balance.get("packing") and balance.get("pack_average") else 1
+        train["global_batch_size"] = int(train["batch_size"] * raw["resources"]["tasks_per_node"]
+                                         * train.get("gradient_accumulation_steps", 1) * per_row)
     return raw
 
 
-def fast_step_on_gpus(section: dict[str, Any], prefix: str, given: set[str]) -> dict[str, Any]:
-    """The runtime and balance sections of `section` (the run, or phase 1) for the fast step on GPUs: GPU_RUNTIME
-    (where the section has a runtime), GPU_BALANCE unless an override chose the batches, and CUDA graphs where
-    the result can replay them; each key unless an override names it."""
-    runtime = dict(section.get("runtime") or {}) if section.get("runtime") is not None or prefix == "run" else None
-    balance = dict(section.get("balance") or {})
-    if runtime is not None:
-        for key, value in GPU_RUNTIME.items():
-            set_unless_given(runtime, key, value, f"{prefix}.runtime.{key}", given)
-    if not given & {f"{prefix}.balance.{key}" for key in ("stratified", "packing", "bin_quotas")}:
-        balance.pop("bin_quotas", None)  # the strata's quotas go with stratified batches
-        for key, value in GPU_BALANCE.items():
-            set_unless_given(balance, key, value, f"{prefix}.balance.{key}", given)
-    replayable = (runtime or {}).get("precision", "bf16") == "bf16" and (runtime or {}).get("step") != "reference"
-    if runtime is not None and replayable and balance.get("packing"):
-        set_unless_given(runtime, "cuda_graph", True, f"{prefix}.runtime.cuda_graph", given)
-    return {"balance": balance, **({"runtime": runtime} if runtime is not None else {})}
+def set_path(raw: dict[str, Any], path: list[str], value: Any) -> None:
+    """raw[a][b]...[z] = value, making the sections on the way."""
+    node = raw
+    for part in path[:-1]:
+        if not isinstance(node.get(part), dict):
+            node[part] = {}
+        node = node[part]
+    node[path[-1]] = value
 
 
 def set_unless_given(section: dict[str, Any], key: str, value: Any, dotted: str, given: set[str]) -> None:
