@@ -1,6 +1,7 @@
-"""Crash a run at every moment its files can record, resume it as `bertctl resume` does, count lost results.
+"""Crash a run at every moment its files can record, resume it as `bertctl resume` does, count lost results;
+then edit the state a kill left as a hand or a tool might, and kill a local job's shell under its trainer.
 
-    python benchmarks/fault_harness.py [--cases N] [--seed 0] [--torn 3] [--jobs 1]
+    python benchmarks/fault_harness.py [--cases N] [--seed 0] [--torn 3] [--parts crashes,edits,killed-shell]
 
 One reference run (a tiny BERT on synthetic shards, converging at its third evaluation, a checkpoint
 every CHECKPOINT_EVERY updates, every checkpoint kept) gives its MLPerf log and, in each checkpoint
@@ -22,6 +23,20 @@ throughput aside), and counts:
   doubled   an evaluation or a run_stop logged twice
   different any other difference (a damaged log, another accuracy)
 
+Edited states (`--parts edits`, issue 51): from the state of a kill after the second evaluation, each of EDITS
+(a log shortened, cut, deleted, edited or a FIFO; `log_bytes` or `log_sha256` garbled or missing; `latest` naming a
+deleted, incomplete or no checkpoint; a checkpoint file damaged, missing or another run's) must be refused by the
+resumed trainer: exit 2, one line on stderr naming the file, and every file of the run as it was (`refused`); any
+other outcome is `accepted` (it trained on), `changed` (it refused, but after changing a file), `unclear` (not one
+line naming the file) or `traceback`. One more state, a complete checkpoint newer than `latest` (a kill between the
+rename and the pointer), must resume to the reference log (`same`).
+
+Killed shells (`--parts killed-shell`): a local job (`bertctl submit --cluster local`, the rendered script, the real
+trainer) whose shell gets SIGKILL at a moment of its run (while its trainer imports torch, after its first progress
+window, after its first and second evaluation). While its trainer lives, `bertctl status` must say RUNNING and
+`bertctl resume` must refuse; the trainer must end by itself within KILLED_SHELL_END_S (it watches the shell:
+trainer/loop/lifeline.py); then `bertctl resume` must finish the run to the log of an uninterrupted local job.
+
 Prints the counts, the first example of each problem, and the machine and versions. Timings are
 noisy on a shared machine; the counts are not.
 """
@@ -36,10 +51,13 @@ import os
 import platform
 import random
 import shutil
+import signal
+import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,10 +108,16 @@ def _key(line: bytes) -> str | None:
 
 def train(recipe: Path, out: Path) -> int:
     """One trainer run in this process (the torch import is paid once), its chatter swallowed."""
+    return train_and_say(recipe, out)[0]
+
+
+def train_and_say(recipe: Path, out: Path) -> tuple[int, str]:
+    """One trainer run in this process: its exit code and what it wrote on stderr."""
     from trainer.loop.entry import main
 
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-        return main(["--config", str(recipe), "--out", str(out), "--seed", SEED])
+    err = io.StringIO()
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+        return main(["--config", str(recipe), "--out", str(out), "--seed", SEED]), err.getvalue()
 
 
 def reference_run(work: Path) -> tuple[Path, Path]:
@@ -211,6 +235,341 @@ def run_case(crash: Crash, recipe: Path, reference: Path, log: bytes, expected: 
         shutil.rmtree(folder, ignore_errors=True)
 
 
+# ---- edited states: what a hand or a tool did to the state a kill left ---------------------------------------
+
+@dataclass(frozen=True)
+class Edit:
+    """A change to a run's folder (`apply(folder)`) after a kill, and the file a refusal must name (relative to
+    the folder; None: the state is a legitimate one the run must resume from to the reference log)."""
+
+    name: str
+    apply: Callable[[Path], None]
+    names: str | None
+
+
+LOG = "results/result_0.txt"
+CHECKPOINTS = "checkpoints/run_0"
+
+
+def latest_of(folder: Path) -> Path:
+    return folder / CHECKPOINTS / (folder / CHECKPOINTS / "latest").read_text().strip()
+
+
+def _write(relative: str, data: bytes | str) -> Callable[[Path], None]:
+    def apply(folder: Path) -> None:
+        path = folder / relative if not relative.startswith("@") else latest_of(folder) / relative[1:]
+        path.write_bytes(data.encode() if isinstance(data, str) else data)
+    return apply
+
+
+def _cut_log(keep: Callable[[int], int]) -> Callable[[Path], None]:
+    def apply(folder: Path) -> None:
+        recorded = int((latest_of(folder) / "log_bytes").read_text())
+        os.truncate(folder / LOG, keep(recorded))
+    return apply
+
+
+def _edit_log_before_checkpoint(folder: Path) -> None:
+    """One digit of the last evaluation the checkpoint saw changed (a hand "fixing" an accuracy)."""
+    recorded = int((latest_of(folder) / "log_bytes").read_text())
+    log = bytearray((folder / LOG).read_bytes())
+    at = log.rfind(b'"eval_accuracy"', 0, recorded)
+    at = log.index(b'"value": 0.', at) + len(b'"value": 0.')
+    log[at] = ord("9") if log[at] != ord("9") else ord("1")
+    (folder / LOG).write_bytes(bytes(log))
+
+
+def _log_fifo(folder: Path) -> None:
+    (folder / LOG).unlink()
+    os.mkfifo(folder / LOG)
+
+
+def _point_latest_at(name: str) -> Callable[[Path], None]:
+    return _write(f"{CHECKPOINTS}/latest", name)
+
+
+def _delete_latest_folder(folder: Path) -> None:
+    shutil.rmtree(latest_of(folder))
+
+
+def _remove(relative: str) -> Callable[[Path], None]:
+    def apply(folder: Path) -> None:
+        (latest_of(folder) / relative).unlink()
+    return apply
+
+
+def _truncate_shared(folder: Path) -> None:
+    path = latest_of(folder) / "shared.pt"
+    os.truncate(path, path.stat().st_size // 2)
+
+
+def _another_runs_checkpoint(folder: Path) -> None:
+    """The checkpoint of run 0 with seed 1 (another run's, copied in by hand)."""
+    import torch
+
+    path = latest_of(folder) / "shared.pt"
+    shared = torch.load(path, weights_only=False)
+    shared["seed"] = 1
+    torch.save(shared, path)
+
+
+def _newer_checkpoint_without_pointer(folder: Path) -> None:
+    """A copy of the latest checkpoint under a later step, `latest` not updated: a kill between a checkpoint's
+    rename and its pointer (the run resumes from the pointer's, and later overwrites the newer folder)."""
+    latest = latest_of(folder)
+    shutil.copytree(latest, latest.with_name(f"step_{int(latest.name.removeprefix('step_')) + CHECKPOINT_EVERY:08d}"))
+
+
+EDITS = [
+    Edit("log shortened below its checkpoint's length", _cut_log(lambda recorded: recorded - 100), LOG),
+    Edit("log cut to nothing", _cut_log(lambda recorded: 0), LOG),
+    Edit("log deleted", lambda folder: (folder / LOG).unlink(), LOG),
+    Edit("log edited inside what the checkpoint saw", _edit_log_before_checkpoint, LOG),
+    Edit("log replaced by a FIFO", _log_fifo, LOG),
+    Edit("log_bytes not a number", _write("@log_bytes", "twelve"), "log_bytes"),
+    Edit("log_bytes negative", _write("@log_bytes", "-5"), "log_bytes"),
+    Edit("log_bytes in exponent form", _write("@log_bytes", "1e3"), "log_bytes"),
+    Edit("log_bytes empty", _write("@log_bytes", ""), "log_bytes"),
+    Edit("log_bytes in other digits", _write("@log_bytes", "\u0661\u0662"), "log_bytes"),
+    Edit("log_bytes two numbers", _write("@log_bytes", "12 34"), "log_bytes"),
+    Edit("log_bytes missing", _remove("log_bytes"), "log_bytes"),
+    Edit("log_bytes beyond the log", lambda folder: _write("@log_bytes", str((folder / LOG).stat().st_size + 10))(folder), LOG),
+    Edit("log_sha256 missing", _remove("log_sha256"), "log_sha256"),
+    Edit("log_sha256 garbled", _write("@log_sha256", "0" * 63 + "g"), "log_sha256"),
+    Edit("latest names a deleted checkpoint", _delete_latest_folder, "latest"),
+    Edit("latest names no checkpoint", _point_latest_at("../../results"), "latest"),
+    Edit("latest names a checkpoint never written", _point_latest_at("step_99999999"), "latest"),
+    Edit("latest names a folder without shared.pt", _remove("shared.pt"), "latest"),
+    Edit("shared.pt cut in half", _truncate_shared, "shared.pt"),
+    Edit("shared.pt replaced by garbage", _write("@shared.pt", b"\x80\x04garbage" * 100), "shared.pt"),
+    Edit("rank_0.pt missing", _remove("rank_0.pt"), "rank_0.pt"),
+    Edit("rank_0.pt empty", _write("@rank_0.pt", b""), "rank_0.pt"),
+    Edit("another run's checkpoint", _another_runs_checkpoint, "shared.pt"),
+    Edit("a complete checkpoint newer than latest (a legitimate crash state)", _newer_checkpoint_without_pointer, None),
+]
+
+
+def edited_crash(log: bytes, positions: dict[int, int]) -> Crash:
+    """The state every edit starts from: killed after the second evaluation, its checkpoint surely before it."""
+    ends, at = [], 0
+    for line in log.splitlines(keepends=True):
+        at += len(line)
+        if _key(line) == "eval_accuracy":
+            ends.append(at)
+    return Crash(ends[1], max(s for s, at in positions.items() if at < ends[1]))
+
+
+def snapshot(folder: Path) -> dict[str, str]:
+    """Every file of the run's folder by its path: its digest (a FIFO as such), to tell whether a refusal changed anything."""
+    import hashlib
+    import stat
+
+    files = {}
+    for path in sorted(folder.rglob("*")):
+        mode = path.lstat().st_mode
+        if stat.S_ISREG(mode):
+            files[str(path.relative_to(folder))] = hashlib.sha256(path.read_bytes()).hexdigest()
+        elif not stat.S_ISDIR(mode):
+            files[str(path.relative_to(folder))] = "special"
+    return files
+
+
+def run_edit(edit: Edit, crash: Crash, recipe: Path, reference: Path, log: bytes, expected: list[tuple],
+             work: Path) -> tuple[str, str]:
+    """The edit applied to the crash state, then the trainer resumed: its verdict and what the trainer said."""
+    folder = Path(tempfile.mkdtemp(dir=work, prefix="edit-"))
+    try:
+        result = rebuild(crash, reference, log, folder)
+        edit.apply(folder)
+        if edit.names is None:
+            code, said = train_and_say(recipe, folder)
+            return (judge(result, expected) if code == 0 else f"different: exit {code}"), said.strip()
+        before = snapshot(folder)
+        code, said = train_and_say(recipe, folder)
+        lines = said.strip().splitlines()
+        if code == 0:
+            return "accepted: it trained on", said.strip()
+        if "Traceback" in said:
+            return "traceback", lines[-1] if lines else ""
+        if snapshot(folder) != before:
+            return "changed: a file changed before the refusal", said.strip()
+        named = str(folder / edit.names) if "/" in edit.names else edit.names
+        if code != 2 or len(lines) != 1 or named not in lines[0]:
+            return f"unclear: exit {code}, {len(lines)} line(s)", said.strip()
+        return "refused", lines[0].replace(str(folder), "RUN")
+    except Exception as e:  # noqa: BLE001 - a case that breaks is a count, not the end of the harness
+        return f"traceback: {type(e).__name__}: {e}", ""
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def edited_states(recipe: Path, reference: Path, log: bytes, expected: list[tuple], work: Path) -> tuple[list[str], int]:
+    """Every edit's line, and how many did not end as they should."""
+    crash = edited_crash(log, checkpoint_positions(reference))
+    lines, wrong = [], 0
+    for edit in EDITS:
+        verdict, said = run_edit(edit, crash, recipe, reference, log, expected, work)
+        wrong += verdict != ("same" if edit.names is None else "refused")
+        lines.append(f"  {verdict.split(':')[0]:<10}{edit.name}: {said.splitlines()[0][:220] if said else verdict}")
+    head = (f"edited states: {len(EDITS)} edits of the state a kill left ({crash.describe(log)}): "
+            f"{len(EDITS) - wrong} as they should end (refused in one line naming the file, nothing changed; the "
+            f"legitimate one resumed to the same log), {wrong} not")
+    return [head, *lines], wrong
+
+
+# ---- killed shells: a local job whose shell is SIGKILLed under its trainer ---------------------------------------
+
+KILLED_SHELL_END_S = 60  # the trainer's watch notices within a second; it stops at its next report, after a checkpoint
+KILL_MOMENTS = ("while its trainer imports torch", "after its first progress window", "after its first evaluation",
+                "after its second evaluation")
+
+
+def local_cluster(work: Path, recipe: Path) -> Path:
+    """clusters/local.yaml running the recipe (as tests/test_local_resume.py makes it)."""
+    import yaml
+
+    raw = yaml.safe_load((REPO / "clusters" / "local.yaml").read_text())
+    run = yaml.safe_load(recipe.read_text())
+    run.pop("world_size")
+    raw.update(name="fault_harness", prepare={}, run=run)
+    path = work / "fault_harness.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def bertctl(*args: str) -> subprocess.CompletedProcess:
+    """`bertctl ARGS` as a user runs it, in this harness's BERTCTL_HOME (the venv's bin/ first on PATH, for the job)."""
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    return subprocess.run([sys.executable, "-m", "orchestrator", *args], capture_output=True, text=True, env=env,
+                          cwd=REPO, timeout=300)
+
+
+def view(exp: str):
+    from orchestrator import experiments
+    from orchestrator.jobs import status
+
+    return status.collect([experiments.find(exp)])[0]
+
+
+def wait_for(predicate, seconds: float, every: float = 0.05) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(every)
+    return False
+
+
+def trainer_of(job: int) -> int | None:
+    """The job's trainer (not its `python -m trainer.mlperf cache-clear`), found in the job's session."""
+    out = subprocess.run(["pgrep", "-s", str(job), "-f", "[-]m trainer --config"], capture_output=True, text=True).stdout.split()
+    return int(out[0]) if out else None
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+def finished_log(exp: str) -> Path | None:
+    """The job's result log, once the experiment has ended."""
+    if not wait_for(lambda: view(exp).state.value not in ("PENDING", "RUNNING"), 600, every=1.0):
+        return None
+    from orchestrator import experiments
+
+    return experiments.find(exp).result_file(0)
+
+
+def submit(cluster: Path) -> tuple[str, int]:
+    done = bertctl("submit", "--cluster", str(cluster))
+    if done.returncode:
+        raise RuntimeError(f"bertctl submit failed: {done.stderr.strip()[-500:]}")
+    exp = done.stdout.strip()
+    from orchestrator import experiments
+
+    return exp, int(experiments.find(exp).job_ids[0])
+
+
+def kill_moment_reached(moment: str, exp: str, job: int) -> bool:
+    from orchestrator import experiments
+
+    path = experiments.find(exp).path
+    metrics, result = path / "metrics" / "run_0.jsonl", path / "results" / "result_0.txt"
+    if moment == KILL_MOMENTS[0]:
+        return wait_for(lambda: trainer_of(job) is not None, 300)
+    if moment == KILL_MOMENTS[1]:
+        return wait_for(lambda: metrics.exists() and metrics.read_text().count("\n") >= 1, 300, every=0.02)
+    evaluations = 1 if moment == KILL_MOMENTS[2] else 2
+    return wait_for(lambda: result.exists() and result.read_bytes().count(b'"eval_accuracy"') >= evaluations, 300, every=0.02)
+
+
+def killed_shell_case(moment: str, cluster: Path, expected: list[tuple]) -> tuple[str, str]:
+    """Kill the job's shell at `moment`; what status and resume said while the trainer lived, how it ended, and the
+    resumed run's log against the reference's. Returns (verdict, what happened)."""
+    from orchestrator import experiments
+    from orchestrator.errors import UserError
+    from orchestrator.jobs import lifecycle
+
+    exp, job = submit(cluster)
+    if not kill_moment_reached(moment, exp, job):
+        return "different: the moment never came", ""
+    trainer = trainer_of(job)
+    os.kill(job, signal.SIGKILL)
+    killed = time.monotonic()
+    said = []
+    if trainer is not None and alive(trainer):
+        state = view(exp).state.value
+        try:
+            lifecycle.resume(experiments.find(exp))
+            refused = False
+        except UserError:
+            refused = True
+        lives = alive(trainer)
+        said.append(f"status {state} and resume {'refused' if refused else 'ACCEPTED'} while the trainer "
+                    f"{'lived' if lives else 'was ending'}")
+        if lives and state != "RUNNING":
+            return f"lied: status {state} while the trainer ran", "; ".join(said)
+        if not refused:
+            return "second trainer: resume started a job beside the running trainer", "; ".join(said)
+    if not wait_for(lambda: trainer is None or not alive(trainer), KILLED_SHELL_END_S, every=0.2):
+        return f"lingered: the trainer trained on {KILLED_SHELL_END_S} s after its shell was killed", "; ".join(said)
+    said.append(f"its trainer ended {time.monotonic() - killed:.1f} s after the kill")
+    if not wait_for(lambda: view(exp).state.value not in ("PENDING", "RUNNING"), 60, every=0.5):
+        return "lingered: the job's session outlived its trainer", "; ".join(said)
+    said.append(f"status then {view(exp).state.value}")
+    resumed = bertctl("resume", exp)
+    if resumed.returncode:
+        return f"lost: resume refused ({resumed.stderr.strip()[-200:]})", "; ".join(said)
+    log = finished_log(exp)
+    return (judge(log, expected) if log is not None else "lost: the resumed job never ended"), "; ".join(said)
+
+
+def killed_shells(recipe: Path, work: Path) -> tuple[list[str], int]:
+    """Every kill moment's line, and how many did not end as they should."""
+    os.environ["BERTCTL_HOME"] = str(work / "home")
+    cluster = local_cluster(work, recipe)
+    started = time.time()
+    reference_exp, _ = submit(cluster)
+    log = finished_log(reference_exp)
+    if log is None or view(reference_exp).state.value != "COMPLETED":
+        return [f"killed shells: the uninterrupted local job did not complete ({view(reference_exp).state.value})"], 1
+    expected = events(log)
+    lines, wrong = [], 0
+    for moment in KILL_MOMENTS:
+        try:
+            verdict, said = killed_shell_case(moment, cluster, expected)
+        except Exception as e:  # noqa: BLE001 - a case that breaks is a count
+            verdict, said = f"traceback: {type(e).__name__}: {e}", ""
+        wrong += verdict != "same"
+        lines.append(f"  {verdict.split(':')[0]:<10}killed {moment}: {said}" + ("" if verdict == "same" else f" ({verdict})"))
+    head = (f"killed shells: {len(KILL_MOMENTS)} local jobs (the rendered script, the real trainer) whose shell got SIGKILL, "
+            f"against an uninterrupted local job's log ({len(expected)} events): {len(KILL_MOMENTS) - wrong} resumed to the "
+            f"same log, {wrong} not (the part took {time.time() - started:.0f} s)")
+    return [head, *lines], wrong
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cases", type=int, default=0, help="at most this many crash states, drawn at random (0: all)")
@@ -220,7 +579,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="only the crash states with a checkpoint (the others start afresh, the same with or without the fixes)")
     parser.add_argument("--without-fixes", action="store_true",
                         help="as before issue 37: no log rewind; a logged run_stop neither stops the trainer nor counts as finished")
+    parser.add_argument("--parts", default="crashes,edits,killed-shell",
+                        help="which parts to run, comma-separated: crashes, edits, killed-shell")
     args = parser.parse_args(argv)
+    parts = set(args.parts.split(","))
+    if parts - {"crashes", "edits", "killed-shell"}:
+        parser.error(f"--parts: unknown part(s) {', '.join(sorted(parts - {'crashes', 'edits', 'killed-shell'}))}")
     if args.without_fixes:
         undo_fixes()
     rng = random.Random(args.seed)
@@ -230,7 +594,7 @@ def main(argv: list[str] | None = None) -> int:
         recipe, reference = reference_run(work)
         result = reference / "results" / "result_0.txt"
         log, expected = result.read_bytes(), events(result)
-        cases = crashes(log, checkpoint_positions(reference), args.torn, rng)
+        cases = crashes(log, checkpoint_positions(reference), args.torn, rng) if "crashes" in parts else []
         if args.with_checkpoint:
             cases = [c for c in cases if c.step is not None]
         if args.cases:
@@ -243,10 +607,18 @@ def main(argv: list[str] | None = None) -> int:
             actions[action] += 1
             moments[(crash.moment(log), kind)] += 1
             examples.setdefault(kind, f"{crash.describe(log)}: {verdict}")
-    print(report(counts, examples, actions, len(log), len(expected), time.time() - started))
-    print("by the moment of the kill (the last whole event before it): " +
-          ", ".join(f"{moment} {kind} {n}" for (moment, kind), n in sorted(moments.items())))
-    return 0 if set(counts) <= {"same"} else 1
+        if cases:
+            print(report(counts, examples, actions, len(log), len(expected), time.time() - started))
+            print("by the moment of the kill (the last whole event before it): " +
+                  ", ".join(f"{moment} {kind} {n}" for (moment, kind), n in sorted(moments.items())))
+        wrong = 0
+        for part, run_part in (("edits", lambda: edited_states(recipe, reference, log, expected, work)),
+                               ("killed-shell", lambda: killed_shells(recipe, work))):
+            if part in parts:
+                lines, bad = run_part()
+                print("\n".join(lines), flush=True)
+                wrong += bad
+    return 0 if set(counts) <= {"same"} and not wrong else 1
 
 
 def report(counts: Counter, examples: dict, actions: Counter, size: int, events_count: int, seconds: float) -> str:

@@ -117,7 +117,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     from orchestrator import experiments
     from orchestrator.jobs import lifecycle
 
-    exp = lifecycle.resume(experiments.find(args.experiment), args.run)
+    exp = lifecycle.resume(experiments.find(args.experiment), args.run, force=args.force, restart=args.restart)
     print(f"resumed {exp.id}: job(s) {', '.join(exp.job_ids)}", file=sys.stderr)
     print(exp.id)
     if args.follow:
@@ -132,6 +132,10 @@ def cmd_rerun(args: argparse.Namespace) -> int:
     from orchestrator.jobs import lifecycle
 
     original = experiments.find(args.experiment)
+    if not args.force:  # one scheduler question: a rerun beside a job that may still run is asked for, not guessed
+        from orchestrator.jobs import status
+
+        lifecycle.refuse_unknown(original, status.collect([original])[0], "rerunning it", force=False)
     cluster = lifecycle.rerun_cluster(original, args.override)
     return submit_and_report(cluster, args.nexp or original.nexp, original.program, args.follow,
                              note=f" (a rerun of {original.id})")
@@ -472,6 +476,9 @@ def resume_args(p: argparse.ArgumentParser) -> None:
     experiment_arg(p)
     p.add_argument("--run", type=int, action="append", help="only this run (repeatable; default: every unfinished run)")
     p.add_argument("--follow", action="store_true", help="stay and stream the runs' logs until the experiment ends")
+    p.add_argument("--force", action="store_true", help="resume even though the scheduler did not answer (state UNKNOWN)")
+    p.add_argument("--restart", action="store_true", help="start the runs again from their beginning: their checkpoints, "
+                   "MLPerf logs and metrics are moved to EXP/set_aside/ (for a checkpoint or log a resume refuses)")
 
 
 def rerun_args(p: argparse.ArgumentParser) -> None:
@@ -480,6 +487,7 @@ def rerun_args(p: argparse.ArgumentParser) -> None:
                    help="change one value of the resolved configuration (repeatable)").completer = complete_keys
     p.add_argument("--nexp", type=_run_count, help="number of runs (default: the original's)")
     p.add_argument("--follow", action="store_true", help="stay and stream the runs' logs until the experiment ends")
+    p.add_argument("--force", action="store_true", help="rerun even though the scheduler did not answer about the original")
 
 
 def diff_args(p: argparse.ArgumentParser) -> None:

@@ -123,6 +123,74 @@ def test_crash_states_cover_every_line_with_both_candidate_checkpoints():
     assert {c.step for c in states if c.cut == 2} == {None, 2}
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("edit", harness.EDITS, ids=lambda edit: edit.name)
+def test_a_resume_checks_the_state_it_finds_and_refuses_an_edited_one_changing_nothing(reference, edit):
+    """A log shortened or edited, a garbled `log_bytes`, a `latest` naming a deleted checkpoint, a damaged or
+    another run's checkpoint: the trainer refuses in one line naming the file (exit 2) and leaves every file as it
+    was, where it once lost or doubled an evaluation, or started over with a second run_start. The legitimate state
+    among them (a checkpoint newer than `latest`) resumes to the reference log."""
+    work, recipe, out, log, positions = reference
+    crash = harness.edited_crash(log, positions)
+    verdict, said = harness.run_edit(edit, crash, recipe, out, log, harness.events(out / "results" / "result_0.txt"), work)
+    assert verdict == ("same" if edit.names is None else "refused"), (verdict, said)
+
+
+EXP_ID = "c-20260101-000000-aaaaaaaa"
+
+
+def interrupted_experiment(home: Path, reference) -> tuple[experiments.Experiment, harness.Crash]:
+    """A local experiment whose run 0 was killed after its second evaluation and marked interrupted, its log and
+    checkpoints as the kill left them."""
+    _, _, out, log, positions = reference
+    exp_dir = home / "experiments" / EXP_ID
+    crash = harness.edited_crash(log, positions)
+    harness.rebuild(crash, out, log, exp_dir)
+    (exp_dir / "runs").mkdir()
+    (exp_dir / "runs" / "0.started").touch()
+    (exp_dir / "runs" / "0.interrupted").write_text("75\n")
+    (exp_dir / "experiment.json").write_text(json.dumps(record(exp_dir, job_ids=["2147483646"])))
+    return experiments.find(EXP_ID), crash
+
+
+@pytest.mark.slow
+def test_status_names_the_checkpoint_the_trainer_resumes_from(reference, bertctl_home):
+    """One function decides for both (trainer/config/checkpoint_folder.py::latest_checkpoint): with a complete
+    checkpoint newer than `latest` (a kill between its rename and the pointer) both name `latest`'s."""
+    from trainer.checkpoints.run import Checkpoints
+
+    exp, crash = interrupted_experiment(bertctl_home, reference)
+    harness._newer_checkpoint_without_pointer(exp.path)
+    run = status.collect([exp])[0].runs[0]
+    assert run.state is State.INTERRUPTED and run.error.startswith(f"checkpoint saved at update {crash.step}: ")
+    assert status.checkpoint_update(exp, 0) == crash.step
+    assert Checkpoints(exp.path / "checkpoints" / "run_0", keep=10, rank=0).latest().name == f"step_{crash.step:08d}"
+
+
+@pytest.mark.slow
+def test_a_resume_the_trainer_would_refuse_is_refused_before_anything_changes_and_restart_sets_the_run_aside(
+        reference, bertctl_home, monkeypatch):
+    exp, crash = interrupted_experiment(bertctl_home, reference)
+    harness._delete_latest_folder(exp.path)  # `latest` names a checkpoint that is gone
+    pointer = exp.path / "checkpoints" / "run_0" / "latest"
+    run = status.collect([exp])[0].runs[0]
+    assert run.state is State.INTERRUPTED and run.error == f"cannot resume: {pointer}: names step_{crash.step:08d}, which does not exist"
+    before = harness.snapshot(exp.path)
+    with pytest.raises(UserError) as refused:
+        lifecycle.resume(exp)
+    assert "\n" not in str(refused.value) and str(refused.value).startswith(f"{EXP_ID}: run 0 cannot resume: {pointer}: ")
+    assert f"bertctl resume {EXP_ID} --run 0 --restart (docs/recovery.md)" in str(refused.value)
+    assert harness.snapshot(exp.path) == before  # nothing changed: the run was not reopened, its log not cut
+    from orchestrator.jobs import submit
+
+    launched = []
+    monkeypatch.setattr(submit, "launch", lambda exp, runs: launched.append(runs) or ["4242"])
+    assert lifecycle.resume(exp, restart=True).job_ids == ["4242"] and launched == [None]
+    (aside,) = (exp.path / "set_aside").iterdir()
+    assert sorted(p.name for p in aside.iterdir()) == ["result_0.txt", "run_0"]  # kept, not deleted
+    assert not (exp.path / "runs" / "0.started").exists() and not (exp.path / "checkpoints" / "run_0").exists()
+
+
 def finished_experiment(home: Path, exit_record: str | None) -> experiments.Experiment:
     """A local experiment whose one run logged run_stop, its job gone, its exit recorded or not."""
     exp_dir = home / "experiments" / "c-20260101-000000-aaaaaaaa"

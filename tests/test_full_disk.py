@@ -86,3 +86,18 @@ def test_convert_checkpoint_onto_a_full_disk_names_the_output(full_disk):
     line = one_line(result.err)
     assert result.code == 2 and str(output) in line and "No space left on device" in line, line
     assert not output.exists() and [p.name for p in output.parent.iterdir()] == []  # no partial file, no temp file
+
+
+@pytest.mark.parametrize("where", ["a new folder", "an existing folder"])
+def test_a_checkpoint_that_does_not_fit_leaves_no_staging_folder(full_disk, where):
+    """The checkpoint's `.step_N.partial` folder, half-written, once stayed behind on a full disk: the failed write
+    is one OutputError naming the file, and the folder is gone (the run's earlier checkpoints stay as they were)."""
+    import torch
+
+    from trainer.checkpoints.run import Checkpoints, OutputError
+
+    folder = full_disk / "existing" / ("checkpoints" if where == "a new folder" else "")
+    with pytest.raises(OutputError) as failed:
+        Checkpoints(folder, keep=2, rank=0).save(4, {"model": torch.zeros(1 << 18)}, {"data": {}, "rng": {}})
+    assert "No space left on device" in str(failed.value) and str(folder) in str(failed.value)
+    assert not [p for p in full_disk.rglob("*") if p.name.endswith(".partial") or p.name.startswith("step_")]

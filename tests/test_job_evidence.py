@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -18,6 +20,7 @@ from conftest import run_bertctl, run_cli
 from registry_records import record
 
 from orchestrator import experiments
+from orchestrator.errors import UserError
 from orchestrator.jobs import lifecycle, scheduler, status
 from orchestrator.jobs.executors import LocalScriptExecutor, LocalScriptJob
 from orchestrator.jobs.scheduler import State
@@ -148,3 +151,133 @@ def test_the_local_jobs_own_script_is_its_job(bertctl_home):
     while handle.alive() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not handle.alive() and handle.state == "CANCELLED"
+
+
+def started_local_job(exp: experiments.Experiment, script: str) -> LocalScriptJob:
+    """`script` started as the experiment's local job (job.sh, LocalScriptExecutor), recorded as its job."""
+    (exp.path / "job.sh").write_text(script)
+    job = LocalScriptExecutor(exp.path, script).submit_script(exp.path / "job.sh")
+    (exp.path / "experiment.json").write_text(json.dumps(record(exp.path, job_ids=[job.job_id])))
+    handle = LocalScriptJob(exp.path, job.job_id)
+    assert wait_until(handle.alive, 10)  # the launcher's shell returns before bash has exec'd
+    return handle
+
+
+def wait_until(condition, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return condition()
+
+
+def session_of(pid: int) -> list[int]:
+    return [int(p) for p in subprocess.run(["pgrep", "-s", str(pid)], capture_output=True, text=True).stdout.split()]
+
+
+def test_a_local_job_whose_shell_was_killed_runs_while_its_session_works(bertctl_home):
+    """The job's shell SIGKILLed (its EXIT trap never runs) while its child works on (where the trainer would
+    be): the job is alive, RUNNING, and `resume` refuses (it once said FAILED and started a second trainer)."""
+    exp = experiment(bertctl_home)
+    handle = started_local_job(exp, "sleep 60 & wait\n")
+    shell = int(handle.job_id)
+    assert wait_until(lambda: len(session_of(shell)) == 2, 10)  # the shell and its sleep
+    child = next(p for p in session_of(shell) if p != shell)
+    os.kill(shell, signal.SIGKILL)  # the shell alone, not its group
+    assert wait_until(lambda: session_of(shell) == [child], 10)
+    exp = experiments.find(EXP)
+    assert handle.alive() and handle.state == "RUNNING"
+    assert status.collect([exp])[0].state is State.RUNNING
+    with pytest.raises(UserError, match="is running: wait for it to end"):
+        lifecycle.resume(exp)
+    assert lifecycle.cancel(exp)  # SIGTERM to the job's process group reaches the child
+    assert wait_until(lambda: not handle.alive(), 10) and handle.state == "CANCELLED"
+    assert not (exp.path / "job.exit").exists()  # nothing pretended the shell ended by itself
+
+
+def test_a_job_asked_to_stop_is_running_until_its_last_process_ends(bertctl_home):
+    """`cancel` used to make the job CANCELLED at once, while its ranks still wrote their checkpoints: a resume
+    then could start beside them."""
+    exp = experiment(bertctl_home)
+    handle = started_local_job(exp, "trap 'sleep 2; exit 143' TERM\nsleep 60 & wait\n")
+    assert lifecycle.cancel(experiments.find(EXP))
+    assert handle.state == "RUNNING" and status.collect([experiments.find(EXP)])[0].state is State.RUNNING
+    assert wait_until(lambda: not handle.alive(), 15) and handle.state == "CANCELLED"
+
+
+def test_another_script_of_the_experiment_folder_is_not_its_job(bertctl_home):
+    exp = experiment(bertctl_home)
+    (exp.path / "job.sh").write_text("exit 0\n")
+    (exp.path / "other.sh").write_text("sleep 60 & wait\n")
+    other = subprocess.Popen(["bash", str(exp.path / "other.sh")], cwd=exp.path, start_new_session=True)
+    try:
+        assert wait_until(lambda: len(session_of(other.pid)) == 2, 10)
+        assert not LocalScriptJob(exp.path, str(other.pid)).alive()  # a session leader in the folder, but not job.sh
+        (exp.path / "experiment.json").write_text(json.dumps(record(exp.path, job_ids=[str(other.pid)])))
+        assert not lifecycle.cancel(experiments.find(EXP)) and other.poll() is None
+    finally:
+        os.killpg(other.pid, signal.SIGKILL)
+        other.wait()
+
+
+# Slurm 22.05's own words (exit status 1), as its squeue says them on the CI's cluster: with slurmctld down, and
+# asked for one job id it does not know. The scheduler here is the stand-ins above, saying exactly that.
+CONTROLLER_DOWN = "slurm_load_jobs error: Unable to contact slurm controller (connect failure)"
+NO_SUCH_JOB = "slurm_load_jobs error: Invalid job id specified"
+
+
+def a_started_slurm_run(home: Path) -> experiments.Experiment:
+    """A Slurm experiment whose run started an hour ago, its job not in accounting (yet: slurmdbd lags)."""
+    exp = experiment(home, executor="slurm", job_ids=["77"], program="probe")
+    (exp.path / "runs" / "0.started").touch()
+    batch = exp.path / "77_submission.sh"
+    batch.write_text("#!/bin/bash\n")
+    os.utime(batch, (time.time() - 3600,) * 2)
+    return exp
+
+
+def test_a_controller_that_does_not_answer_is_unknown_and_blocks_resume_and_rerun(bertctl_home, slurm_bin, monkeypatch):
+    stand_in(slurm_bin, "squeue", f"echo '{CONTROLLER_DOWN}' >&2; exit 1")
+    exp = a_started_slurm_run(bertctl_home)
+    view = status.collect([exp])[0]
+    assert view.state is State.UNKNOWN and view.runs[0].state is State.UNKNOWN  # was FAILED: "the scheduler has no record"
+    assert CONTROLLER_DOWN in view.runs[0].error
+    for verb in ("resume", "rerun"):
+        refused = run_cli(verb, EXP)
+        assert refused.code == 2 and refused.err.count("\n") == 1, refused.err
+        assert "its state is unknown" in refused.err and CONTROLLER_DOWN in refused.err and "add --force" in refused.err
+    launched = []
+    from orchestrator.jobs import submit
+
+    monkeypatch.setattr(submit, "launch", lambda exp, runs: launched.append(runs) or ["78"])
+    assert lifecycle.resume(exp, force=True).job_ids == ["78"] and launched == [None]
+
+
+def test_a_scheduler_that_answers_nothing_at_all_is_unknown(bertctl_home, slurm_bin):
+    stand_in(slurm_bin, "sacct", "echo 'sacct: error: Problem talking to the database: Connection refused' >&2; exit 1")
+    stand_in(slurm_bin, "squeue", f"echo '{CONTROLLER_DOWN}' >&2; exit 1")
+    view = status.collect([a_started_slurm_run(bertctl_home)])[0]
+    assert view.state is State.UNKNOWN and CONTROLLER_DOWN in view.runs[0].error
+
+
+def test_a_job_the_controller_says_it_does_not_know_is_over(bertctl_home, slurm_bin):
+    stand_in(slurm_bin, "squeue", f"echo '{NO_SUCH_JOB}' >&2; exit 1")
+    exp = a_started_slurm_run(bertctl_home)
+    (exp.path / "runs" / "0.exit").write_text("0\n")
+    assert status.collect([exp])[0].state is State.COMPLETED  # an answer: the runs' records decide
+
+
+@pytest.mark.parametrize("answer", [
+    "sacct: this cluster's accounting is read-only today",  # a banner where the table belongs
+    "JobID|State|NNodes\n77_[x-y]|RUNNING|1",  # a row whose job id is none
+    "Job|Status\n77|RUNNING",  # another table
+])
+def test_sacct_output_that_is_no_table_is_one_line_never_a_traceback(bertctl_home, slurm_bin, answer):
+    stand_in(slurm_bin, "sacct", f"printf '%s\\n' {shlex.quote(answer)}")
+    with pytest.raises(scheduler.SchedulerError) as failed:
+        scheduler.parse_table(answer, "sacct")
+    assert str(failed.value).startswith("sacct: ") and "\n" not in str(failed.value)
+    stand_in(slurm_bin, "squeue", f"echo '{CONTROLLER_DOWN}' >&2; exit 1")
+    a_started_slurm_run(bertctl_home)
+    shown = run_cli("status", EXP, "--json")
+    assert shown.code == 0 and "Traceback" not in shown.err
+    assert json.loads(shown.out)["experiments"][0]["state"] == "UNKNOWN"

@@ -1,5 +1,6 @@
 """A trainer killed by SIGKILL (what the OOM killer sends) takes its helpers with it: nothing it started
-keeps its output pipe open, so the job script's `| tee` ends, and the job with it."""
+keeps its output pipe open, so the job script's `| tee` ends, and the job with it. And a trainer ends with
+its job: when the job's shell is killed, the trainer checkpoints and stops."""
 
 from __future__ import annotations
 
@@ -67,3 +68,32 @@ def session_ends(sid: int, seconds: float) -> bool:
     while session(sid) and time.monotonic() < deadline:
         time.sleep(0.2)
     return not session(sid)
+
+
+def test_a_trainer_whose_job_shell_is_gone_checkpoints_and_stops(tmp_path):
+    """A local job's trainer watches the job's shell (BERTCTL_JOB_PID, trainer/loop/lifeline.py): when the shell is
+    SIGKILLed the trainer once trained on, unseen, until a resume started a second one beside it. Here a `sleep`
+    stands in for the shell (the trainer watches only its pid); the trainer checkpoints and exits 75."""
+    recipe = tiny_run_config(tmp_path, world_size=1, batch_size=8, optim={"max_steps": 100_000},
+                             train={"target_accuracy": 0.99, "max_samples_termination": 10**9, "log_every_steps": 2},
+                             runtime={"num_threads": 1})
+    shell = subprocess.Popen(["sleep", "600"])
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "trainer", "--config", str(recipe), "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO), "BERTCTL_JOB_PID": str(shell.pid)})
+    try:
+        before = read_until(proc, b"update ", 300)
+        assert b"update " in before, before.decode(errors="replace")[-2000:]
+        shell.kill()
+        shell.wait()
+        after = read_until(proc, None, 60)
+        assert after.endswith(b"<EOF>"), "the trainer trained on 60 s after its job's shell was gone"
+        assert proc.wait(10) == 75, after.decode(errors="replace")[-2000:]
+    finally:
+        shell.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert f"the job's shell (pid {shell.pid}) is gone: stopping as on SIGTERM".encode() in after
+    assert b"checkpoint saved at update " in after and (out / "checkpoints" / "run_0" / "latest").exists()

@@ -131,3 +131,47 @@ def test_hostile_paths_and_values_survive_a_real_submission(tmp_path):
     job = subprocess.run(["scontrol", "show", "job", "-o", view["job_ids"][0]], capture_output=True, text=True).stdout
     assert f" Comment={comment} " in job  # sbatch parsed the quoted directive back to the exact value
     assert not list(tmp_path.rglob("PWNED")) and not Path("PWNED").exists()
+
+
+def unanswering_slurm_conf(folder: Path) -> Path:
+    """The cluster's slurm.conf with the controller's and the accounting daemon's ports moved where nothing listens:
+    the real sacct and squeue, asked through it, fail as they do when slurmctld and slurmdbd are down."""
+    lines = [line for line in Path("/etc/slurm/slurm.conf").read_text().splitlines()
+             if not line.startswith(("SlurmctldPort=", "AccountingStoragePort=", "MessageTimeout=", "TCPTimeout="))]
+    conf = folder / "slurm.conf"
+    conf.write_text("\n".join([*lines, "SlurmctldPort=1", "AccountingStoragePort=2", "MessageTimeout=2", "TCPTimeout=2"]) + "\n")
+    return conf
+
+
+def test_a_running_job_whose_scheduler_does_not_answer_is_unknown_and_not_resumed(bertctl_home, tmp_path, monkeypatch):
+    """squeue exiting 1 ("Unable to contact slurm controller") was read as an empty queue: once accounting had no
+    record either, a running job was declared over and `resume` submitted a second one beside it."""
+    from registry_records import record
+
+    from orchestrator import experiments
+    from orchestrator.errors import UserError
+    from orchestrator.jobs import lifecycle, scheduler
+    from orchestrator.jobs import status as jobs_status
+
+    exp_dir = bertctl_home / "experiments" / "c-20260101-000000-aaaaaaaa"
+    (exp_dir / "runs").mkdir(parents=True)
+    (exp_dir / "runs" / "0.started").touch()
+    job = subprocess.run(["sbatch", "--parsable", "--job-name=bert-c", f"--chdir={exp_dir}", "--output=/dev/null",
+                          "--wrap=sleep 300"], capture_output=True, text=True, check=True).stdout.strip()
+    (exp_dir / "experiment.json").write_text(json.dumps(record(exp_dir, executor="slurm", job_ids=[job], program="probe")))
+    exp = experiments.find(exp_dir.name)
+    try:
+        end = time.time() + 60
+        while jobs_status.collect([exp])[0].state.value != "RUNNING" and time.time() < end:
+            time.sleep(STATUS_EVERY)
+        assert jobs_status.collect([exp])[0].state.value == "RUNNING"
+        monkeypatch.setattr(scheduler, "ACCOUNTING_GRACE_S", 0)  # long past the grace a new job gets
+        monkeypatch.setenv("SLURM_CONF", str(unanswering_slurm_conf(tmp_path)))
+        view = jobs_status.collect([exp])[0]
+        assert view.state.value == "UNKNOWN" and "Unable to contact slurm controller" in view.runs[0].error, view
+        with pytest.raises(UserError, match="its state is unknown .* add --force"):
+            lifecycle.resume(exp)
+        monkeypatch.delenv("SLURM_CONF")
+        assert jobs_status.collect([exp])[0].state.value == "RUNNING"  # it ran all along
+    finally:
+        subprocess.run(["scancel", job], check=False)

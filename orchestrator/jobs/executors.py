@@ -144,8 +144,12 @@ LOCAL_LAUNCHER = (
 
 
 class LocalScriptJob(core.Job):
-    """A local job: the script's process (job id = pid) in the experiment directory `folder`. The
-    script writes `job.exit` when it ends; `cancel` leaves `job.cancelled`."""
+    """A local job: the script's process (job id = pid) in the experiment directory `folder`, and every process
+    of the session it leads. The script writes `job.exit` when it ends; `cancel` leaves `job.cancelled`."""
+
+    def __init__(self, folder: Path, job_id: str, tasks=(0,), script: str = "job.sh") -> None:
+        super().__init__(folder, job_id, tasks)
+        self.script = self.paths.folder / script  # the experiment's record of what its job runs (Experiment.script)
 
     @property
     def exit_file(self) -> Path:
@@ -157,11 +161,12 @@ class LocalScriptJob(core.Job):
 
     @property
     def state(self) -> str:
-        """Slurm's words, so that one table maps both (orchestrator/jobs/scheduler.py::SLURM_STATES)."""
-        if self.cancelled_file.exists():
-            return "CANCELLED"
+        """Slurm's words, so that one table maps both (orchestrator/jobs/scheduler.py::SLURM_STATES). A job asked
+        to stop is RUNNING until its last process ends: its ranks are still saving their checkpoints."""
         if self.alive():
             return "RUNNING"
+        if self.cancelled_file.exists():
+            return "CANCELLED"
         code = self.exit_code()
         if code is None:
             return "UNKNOWN"
@@ -180,18 +185,57 @@ class LocalScriptJob(core.Job):
         return not self.alive()
 
     def alive(self) -> bool:
-        """The pid is alive and is the job: the leader of the session LOCAL_LAUNCHER made, running bash on
-        a script of this experiment. A recycled pid, or any process that merely names the experiment (a
-        `tail -f` of its log, an editor), is not the job: `cancel` must never signal it."""
+        """The job runs while its script does (`leads_its_session`) or, once that shell is gone (killed), while
+        any process of its session still works in the experiment (`session_members`): a trainer its killed shell
+        left behind is still the job, and a second one must not start beside it."""
         try:
             pid = int(self.job_id)
+        except ValueError:
+            return False
+        stat = process_stat(pid)
+        if pid > 1 and stat is not None and stat.state != "Z":
+            return self.leads_its_session(pid)  # a live process under the job's pid is the job's shell, or no job of ours
+        return pid > 1 and bool(self.session_members(pid))
+
+    def leads_its_session(self, pid: int) -> bool:
+        """`pid` is the job's shell: the leader of the session LOCAL_LAUNCHER made, running bash on exactly the
+        script the experiment recorded. A recycled pid, any process that merely names the experiment (a `tail -f`
+        of its log, an editor), or another script of its folder is not the job: `cancel` must never signal it."""
+        stat = process_stat(pid)
+        try:
             args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            state, _, group, session = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[:4]
-        except (OSError, ValueError):
+        except OSError:
             return False
-        if state == "Z" or int(group) != pid or int(session) != pid or len(args) < 2:
+        if stat is None or stat.state == "Z" or stat.group != pid or stat.session != pid or len(args) < 2:
             return False
-        return Path(os.fsdecode(args[0])).name == "bash" and Path(os.fsdecode(args[1])).parent == self.paths.folder
+        script = Path(os.fsdecode(args[1]))
+        if not script.is_absolute():  # as bash opened it: from the process's working directory
+            with contextlib.suppress(OSError):
+                script = Path(os.readlink(f"/proc/{pid}/cwd")) / script
+        return Path(os.fsdecode(args[0])).name == "bash" and os.path.realpath(script) == os.path.realpath(self.script)
+
+    def session_members(self, session: int) -> list[int]:
+        """The live processes of session `session` that work in this experiment (their working directory, where
+        LOCAL_LAUNCHER put the script, or the EXP_DIR it exports). While any lives the session's id cannot be
+        reused (the kernel keeps a pid while a session or group bears it), so they are the job's own."""
+        members = []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or int(entry.name) == session:
+                continue
+            stat = process_stat(int(entry.name))
+            if stat is not None and stat.session == session and stat.state != "Z" and self.works_here(entry):
+                members.append(int(entry.name))
+        return members
+
+    def works_here(self, proc: Path) -> bool:
+        folder = os.path.realpath(self.paths.folder)
+        with contextlib.suppress(OSError):
+            if os.path.realpath(os.readlink(proc / "cwd")) == folder:
+                return True
+        with contextlib.suppress(OSError):
+            variables = (proc / "environ").read_bytes().split(b"\0")
+            return any(v.startswith(b"EXP_DIR=") and os.path.realpath(os.fsdecode(v[8:])) == folder for v in variables)
+        return False
 
     def cancel(self, check: bool = True) -> None:
         """SIGTERM to the whole process group (the script and every rank it started), what scancel
@@ -203,6 +247,22 @@ class LocalScriptJob(core.Job):
             os.killpg(int(self.job_id), signal.SIGTERM)
 
 
+@dataclass(frozen=True)
+class ProcessStat:
+    state: str
+    group: int
+    session: int
+
+
+def process_stat(pid: int) -> ProcessStat | None:
+    """A process's state, process group and session (/proc/PID/stat), None when it does not exist."""
+    try:  # the command name, in parentheses, may hold spaces and parentheses: the fields follow its last ")"
+        state, _, group, session = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[:4]
+        return ProcessStat(state, int(group), int(session))
+    except (OSError, ValueError):
+        return None
+
+
 class LocalScriptExecutor(ScriptExecutor):
     """Starts the experiment's script detached on this machine; the job id is its pid."""
 
@@ -212,6 +272,11 @@ class LocalScriptExecutor(ScriptExecutor):
                  script_name: str = "job.sh") -> None:
         super().__init__(folder, script, environment)
         self.script_name = script_name
+
+    def submit_script(self, path: Path) -> LocalScriptJob:
+        job = super().submit_script(path)
+        job.script = self.folder / self.script_name  # what LOCAL_LAUNCHER runs (submitit makes the handle with the default)
+        return job
 
     def _make_submission_command(self, submission_file_path: Path) -> list[str]:
         # the experiment's own copy (the same bytes): the script finds its experiment next to itself,

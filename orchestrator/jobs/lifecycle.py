@@ -4,8 +4,11 @@ recipe as a new experiment, compare two experiments."""
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 from orchestrator import experiments
 from orchestrator.config import configfile
@@ -20,7 +23,7 @@ def cancel(exp: Experiment) -> bool:
     """Cancel the experiment's jobs through their submitit handles; False when there was nothing left
     to cancel (its outcome stays)."""
     if exp.executor == "local":
-        alive = [job for job in (LocalScriptJob(exp.path, j) for j in exp.job_ids) if job.alive()]
+        alive = [job for job in (LocalScriptJob(exp.path, j, script=exp.script) for j in exp.job_ids) if job.alive()]
         for job in alive:
             job.cancel()
         return bool(alive)
@@ -59,16 +62,20 @@ def own_slurm_jobs(exp: Experiment) -> dict[str, scheduler.JobInfo]:
     return own
 
 
-def resume(exp: Experiment, runs: list[int] | None = None) -> Experiment:
+def resume(exp: Experiment, runs: list[int] | None = None, force: bool = False, restart: bool = False) -> Experiment:
     """Start the experiment's script again for its unfinished runs (all of them, or `runs`).
 
     A run with a checkpoint continues from it (the trainer finds it) and appends to its MLPerf log; a
     run without one starts afresh. In loop mode the job also runs the runs that never started; runs
-    that completed are skipped by the script.
+    that completed are skipped by the script. Every chosen run's checkpoint and log are checked first, as
+    its trainer will check them (status.resume_refusal): one that would be refused stops the resume, nothing
+    changed; `restart` sets the run's checkpoints and log aside (`set_aside`) and starts it from its beginning.
+    An experiment whose state is unknown (the scheduler did not answer) is resumed only with `force`.
     """
     view = status.collect([exp])[0]
     if view.state in (State.RUNNING, State.PENDING):
         raise UserError(f"is {view.state.value.lower()}: wait for it to end (or cancel it) before resuming", where=exp.id)
+    refuse_unknown(exp, view, "resuming", force)
     unfinished = [r.run for r in view.runs if r.state != State.COMPLETED]
     chosen = unfinished if runs is None else runs
     for run in chosen:
@@ -78,7 +85,13 @@ def resume(exp: Experiment, runs: list[int] | None = None) -> Experiment:
             raise UserError(f"run {run} completed: nothing to resume", where="--run")
     if not chosen:
         raise UserError("every run completed: nothing to resume", where=exp.id)
+    for run in [] if restart else chosen:
+        if refused := status.resume_refusal(exp, run):
+            raise UserError(f"run {run} cannot resume: {refused}; nothing was changed. To start it again from its "
+                            f"beginning: bertctl resume {exp.id} --run {run} --restart (docs/recovery.md)", where=exp.id)
     for run in chosen:
+        if restart:
+            set_aside(exp, run)
         reopen_run(exp, run)
     for marker in ("job.exit", "job.cancelled"):
         (exp.path / marker).unlink(missing_ok=True)
@@ -94,6 +107,26 @@ def resume(exp: Experiment, runs: list[int] | None = None) -> Experiment:
     exp = dataclasses.replace(exp, job_ids=job_ids, history=[*exp.history, *started])
     experiments.save(exp)
     return exp
+
+
+def refuse_unknown(exp: Experiment, view: status.ExperimentView, doing: str, force: bool) -> None:
+    """An experiment whose state is unknown may still run: `doing` it could start a second job beside it."""
+    if view.state is not State.UNKNOWN or force:
+        return
+    why = next((r.error for r in view.runs if r.state is State.UNKNOWN and r.error), "the scheduler gave no answer")
+    raise UserError(f"its state is unknown ({why}): {doing} now could start a second job beside one still running; "
+                    "once you know its jobs have ended, add --force", where=exp.id)
+
+
+def set_aside(exp: Experiment, run: int) -> Path:
+    """Run N's checkpoints, MLPerf log and metrics moved to EXP/set_aside/run_N-<time>/ (kept, not deleted): the run
+    starts again from its beginning, as if it had never started."""
+    folder = exp.path / "set_aside" / f"run_{run}-{time.strftime('%Y%m%dT%H%M%S')}"
+    for path in (status.run_checkpoint_folder(exp, run), exp.result_file(run), exp.path / "metrics" / f"run_{run}.jsonl"):
+        if path.exists() or path.is_symlink():
+            folder.mkdir(parents=True, exist_ok=True)
+            shutil.move(path, folder / path.name)
+    return folder
 
 
 def reopen_run(exp: Experiment, run: int) -> None:

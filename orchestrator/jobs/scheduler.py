@@ -19,6 +19,7 @@ from __future__ import annotations
 import enum
 import os
 import subprocess
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -110,38 +111,62 @@ class SchedulerError(Exception):
 
 
 def query_slurm(job_ids: list[str]) -> dict[str, JobInfo]:
-    """States of all these jobs (array tasks as `123_4`) from a single scheduler call."""
+    """States of all these jobs (array tasks as `123_4`) from a single scheduler call. A job neither command
+    could answer for is UNKNOWN (`unanswered`): silence is no evidence that it ended."""
     if not job_ids:
         return {}
     base_ids = sorted({j.split("_")[0] for j in job_ids})
     selection = [a for j in base_ids for a in ("-j", j)]
     try:
         table = _run(["sacct", "-X", "--parsable2", "-o", ",".join(SACCT_FIELDS), *selection])
+        known = {job: _info(job, stats) for job, stats in parse_table(table, "sacct", SACCT_FIELDS).items()}
     except SchedulerError:
-        # no accounting on this cluster: squeue only knows jobs that have not finished yet
+        # no accounting on this cluster (or an answer that is no table): squeue only knows jobs that have not finished yet
         return query_queue(base_ids)
-    known = {job: _info(job, stats) for job, stats in parse_table(table).items()}
     missing = [j for j in base_ids if not any(k.split("_")[0] == j for k in known)]
     if missing:  # not in accounting (yet, or any more): the controller may still hold them
         try:
             known.update(query_queue(missing))
-        except SchedulerError:
-            pass
+        except SchedulerError as e:
+            known.update({j: unanswered(j, str(e)) for j in missing})
     return known
 
 
+# squeue's answer (exit 1) when asked for a single job id the controller does not know: an answer, not a
+# failure (Slurm 22.05; asked for several ids, it lists the known ones and exits 0)
+UNKNOWN_JOB_ID = "Invalid job id specified"
+
+
 def query_queue(base_ids: list[str]) -> dict[str, JobInfo]:
-    """What squeue knows of these jobs: the ones queued or running (a finished job is absent)."""
-    rows = _run(["squeue", "-h", "-o", SQUEUE_FORMAT, "--jobs", ",".join(base_ids)], ok_codes=(0, 1))
+    """What squeue knows of these jobs: the ones queued or running (a finished job is absent). A controller
+    that does not answer ("Unable to contact slurm controller", exit 1) is a SchedulerError, never an empty queue."""
+    command = ["squeue", "-h", "-o", SQUEUE_FORMAT, "--jobs", ",".join(base_ids)]
+    try:
+        rows = _run(command)
+    except SchedulerError as e:
+        if UNKNOWN_JOB_ID not in str(e):
+            raise
+        rows = ""
     table = "|".join(SQUEUE_FIELDS) + "\n" + rows
-    return {job: _info(job, stats) for job, stats in parse_table(table).items()}
+    return {job: _info(job, stats) for job, stats in parse_table(table, "squeue", SQUEUE_FIELDS).items()}
 
 
-def parse_table(table: str) -> dict[str, dict[str, str]]:
+def parse_table(table: str, command: str = "sacct", fields: list[str] = SACCT_FIELDS) -> dict[str, dict[str, str]]:
     """`--parsable2` output (a header line, then `|`-separated rows) by job id, read by submitit's
     watcher: array elements are `123_4`, and a pending array's summary row `123_[4-9%2]` stands for
-    each of its elements."""
-    return SlurmJob.watcher.read_info(table)
+    each of its elements. An answer that is not that table (another header, a banner, a row that is no
+    job) is one SchedulerError naming the command, not submitit's KeyError."""
+    header = table.splitlines()[0] if table.strip() else ""
+    names = header.split("|")
+    if header and not ({"JobID", "State"} <= set(names) <= set(fields)):
+        raise SchedulerError(f"{command}: answered {header[:80]!r}, not the table asked for ({'|'.join(fields[:3])}|...)")
+    try:
+        with warnings.catch_warnings():  # submitit warns of (and skips) a job id it cannot read
+            warnings.simplefilter("error")
+            return SlurmJob.watcher.read_info(table)
+    except (KeyError, ValueError, IndexError, Warning) as e:
+        raise SchedulerError(f"{command}: answered a table bertctl cannot read ({type(e).__name__}: "
+                             f"{str(e).splitlines()[0][:80] if str(e) else ''})") from None
 
 
 def _info(job: str, stats: dict[str, str]) -> JobInfo:
@@ -160,13 +185,14 @@ def _info(job: str, stats: dict[str, str]) -> JobInfo:
     )
 
 
-def _run(command: list[str], ok_codes: tuple[int, ...] = (0,)) -> str:
+def _run(command: list[str]) -> str:
     try:  # errors="replace": a job name or path in another encoding must not take `status` down
         out = run_command(command)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise SchedulerError(f"{command[0]}: {e}") from None
-    if out.returncode not in ok_codes:
-        raise SchedulerError(f"{command[0]}: {out.stderr.strip() or out.returncode}")
+    if out.returncode:
+        said = " ".join(out.stderr.split())[:300]  # one line, however many the command printed
+        raise SchedulerError(f"{command[0]}: {said or f'exit status {out.returncode}'}")
     return out.stdout
 
 
@@ -176,15 +202,21 @@ def run_command(command: list[str], **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run(command, capture_output=True, text=True, errors="replace", timeout=TIMEOUT_S, **kwargs)
 
 
+def unanswered(job_id: str, why: str) -> JobInfo:
+    """A job the scheduler did not answer for (a command failed or timed out): its state is unknown, and
+    `resume` and `rerun` wait for an answer (or --force)."""
+    return JobInfo(job_id, State.UNKNOWN, "NO ANSWER", reason=f"the scheduler did not answer ({why})")
+
+
 def gone(job_id: str, why: str) -> JobInfo:
     """A job the scheduler no longer knows as this experiment's: it is over, and the runs' own records
     (exit files, their logs' run_stop) say how it went."""
     return JobInfo(job_id, State.FAILED, "GONE", reason=why)
 
 
-def local_job_info(job_id: str, exp_dir: Path) -> JobInfo:
-    """A local job is its script's process; the script writes job.exit when it ends."""
-    job = LocalScriptJob(exp_dir, job_id)
+def local_job_info(job_id: str, exp_dir: Path, script: str = "job.sh") -> JobInfo:
+    """A local job is its script's process and its session's; the script writes job.exit when it ends."""
+    job = LocalScriptJob(exp_dir, job_id, script=script)
     state = job.state
     if state == "UNKNOWN":
         return JobInfo(job_id, State.FAILED, "GONE", 1, reason="the job's process ended without an exit status")

@@ -22,7 +22,8 @@ from orchestrator.jobs.executors import batch_outputs
 from orchestrator.jobs.scheduler import JobInfo, State
 from orchestrator.results import resultlog
 from orchestrator.results import summary as results
-from trainer.config import REQUEUE_EXIT_CODE
+from trainer.config import REQUEUE_EXIT_CODE, expand_path
+from trainer.config.checkpoint_folder import CheckpointRefused, latest_checkpoint, resume_point, step_of
 from trainer.config.regular import open_regular, read_regular_text
 
 ERROR_LINE = re.compile(r"(?i)(error|exception|traceback|no such file|not found|killed|denied|unbound variable)")
@@ -74,7 +75,7 @@ def collect(exps: list[Experiment]) -> list[ExperimentView]:
     try:
         slurm = scheduler.query_slurm(slurm_ids)
     except scheduler.SchedulerError as e:
-        slurm = {j: JobInfo(j, State.UNKNOWN, reason=str(e)) for j in slurm_ids}
+        slurm = {j: scheduler.unanswered(j, str(e)) for j in slurm_ids}
     return [view(e, slurm) for e in exps]
 
 
@@ -112,7 +113,7 @@ def job_info(exp: Experiment, run: int, slurm: dict[str, JobInfo]) -> JobInfo:
         return JobInfo("", State.UNKNOWN)
     job_id = exp.job_ids[run] if len(exp.job_ids) == exp.nexp else exp.job_ids[0]
     if exp.executor == "local":
-        return scheduler.local_job_info(job_id, exp.path)
+        return scheduler.local_job_info(job_id, exp.path, exp.script)
     info, foreign = slurm.get(job_id), None
     if info is not None and info.state is not State.UNKNOWN and not info.belongs_to(job_name(exp), exp.path):
         # accounting's newest record under this id is another job's (a copied experiment, or ids that began
@@ -128,11 +129,12 @@ def job_info(exp: Experiment, run: int, slurm: dict[str, JobInfo]) -> JobInfo:
 
 
 def queued_own_job(exp: Experiment, job_id: str) -> JobInfo | None:
-    """The experiment's job `job_id` as the controller's queue knows it (squeue), or None."""
+    """The experiment's job `job_id` as the controller's queue knows it (squeue), or None; UNKNOWN when the
+    controller does not answer."""
     try:
         info = scheduler.query_queue([job_id.split("_")[0]]).get(job_id)
-    except scheduler.SchedulerError:
-        return None
+    except scheduler.SchedulerError as e:
+        return scheduler.unanswered(job_id, str(e))
     return info if info is not None and info.belongs_to(job_name(exp), exp.path) else None
 
 
@@ -170,9 +172,12 @@ def run_view(exp: Experiment, run: int, job: JobInfo) -> RunView:
         # the log's own run_stop is the run's end: a crash between it and the exit record loses nothing
         rv.state = state = State.COMPLETED
     elif state == State.INTERRUPTED:
+        refused = resume_refusal(exp, run)
         update = checkpoint_update(exp, run)
         reached = f" at update {update}" if update is not None else ""
-        rv.error = f"checkpoint saved{reached}: bertctl resume {exp.id} continues it"
+        rv.error = f"cannot resume: {refused}" if refused else f"checkpoint saved{reached}: bertctl resume {exp.id} continues it"
+    elif state == State.UNKNOWN and job.reason:
+        rv.error = job.reason  # what the scheduler did (not) say: the run's own log cannot tell
     elif state in (State.FAILED, State.TIMEOUT, State.UNKNOWN) or (state == State.CANCELLED and started.exists()):
         rv.error = last_error(exp, run, job)
     return rv
@@ -267,13 +272,29 @@ def _telling_line(path: Path) -> str | None:
     return (own or errors or lines or [None])[-1]
 
 
+def run_checkpoint_folder(exp: Experiment, run: int) -> Path:
+    """Run N's checkpoints: the run's checkpoint.dir, or EXP/checkpoints/run_N (trainer/checkpoints/run.py::run_checkpoints)."""
+    configured = (_run_config(exp).get("checkpoint") or {}).get("dir")
+    return Path(expand_path(configured)) if isinstance(configured, str) and configured else exp.path / "checkpoints" / f"run_{run}"
+
+
 def checkpoint_update(exp: Experiment, run: int) -> int | None:
-    """The update of run N's latest checkpoint (checkpoints/run_N/latest -> step_<update>)."""
+    """The update of run N's latest checkpoint, the one its trainer resumes from (the same function decides:
+    trainer/config/checkpoint_folder.py::latest_checkpoint); None without one, or when it is refused."""
     try:
-        name = read_regular_text(exp.path / "checkpoints" / f"run_{run}" / "latest", limit=4096).strip()
-        return int(name.removeprefix("step_")[:18])
-    except (OSError, ValueError):
+        latest = latest_checkpoint(run_checkpoint_folder(exp, run))
+    except CheckpointRefused:
         return None
+    return None if latest is None else step_of(latest)
+
+
+def resume_refusal(exp: Experiment, run: int) -> str | None:
+    """Why run N's trainer would refuse to resume (its latest checkpoint, or its log, is not what it should be), or None."""
+    try:
+        resume_point(run_checkpoint_folder(exp, run), exp.result_file(run))
+    except CheckpointRefused as e:
+        return f"{e.path}: {e.reason}"
+    return None
 
 
 def _read_exit(path: Path) -> int | None:

@@ -12,6 +12,8 @@ SEEDS=(0 1)
 export EXP_DIR
 export PYTHON=${BERTCTL_PYTHON:-python3}
 export BERTCTL_HOME=${BERTCTL_HOME:-$HOME/.bertctl}
+# this shell's pid: every rank watches it and stops (checkpointing) when it is killed (trainer/loop/lifeline.py)
+export BERTCTL_JOB_PID=$$
 # the job's own exit status, for `bertctl status` (there is no scheduler to ask)
 trap 'echo $? > "$EXP_DIR/job.exit"' EXIT
 # SIGTERM to the job (`bertctl cancel`, a kill of its process group): the ranks checkpoint and stop, so the

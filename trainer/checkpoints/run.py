@@ -1,11 +1,13 @@
 """Checkpoints: everything needed to continue a run exactly, written atomically, the latest k kept.
 
 A checkpoint is a directory `step_<N>/` with `shared.pt` (model, optimizer, scaler and loop state,
-written by rank 0), `rank_<r>.pt` (each rank's data position and RNG states) and `log_bytes` (how long
-the run's MLPerf log was when it was taken: a resumed run cuts the log back to it, so the events logged
-after the checkpoint, an evaluation above all, are logged once, by the run that redoes them). It is assembled
-under a temporary name and renamed when every rank has written its part, then `latest` is
-pointed at it: a directory named `step_<N>` is always complete.
+written by rank 0), `rank_<r>.pt` (each rank's data position and RNG states), `log_bytes` and `log_sha256`
+(how long the run's MLPerf log was when it was taken, and the digest of those bytes: a resumed run cuts the
+log back to it, so the events logged after the checkpoint, an evaluation above all, are logged once, by the
+run that redoes them; trainer/config/checkpoint_folder.py checks the log first). It is assembled under a
+temporary name, removed again if a write fails (a full disk), and renamed when every rank has written its part,
+then `latest` is pointed at it: a directory named `step_<N>` is always complete. A resume loads and checks
+the checkpoint (`Checkpoints.resume_point`) before it changes anything.
 
 On SIGUSR2 (Slurm's warning before the time limit, sbatch --signal) or SIGTERM the run
 saves a checkpoint at the next agreed step and exits with trainer.config.REQUEUE_EXIT_CODE; the job
@@ -19,7 +21,7 @@ import os
 import random
 import shutil
 import signal
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -28,6 +30,18 @@ import torch
 import torch.distributed as dist
 
 from trainer.config import FINAL_WEIGHTS, CheckpointConfig
+from trainer.config.checkpoint_folder import (
+    LOG_BYTES,
+    LOG_SHA256,
+    SHARED,
+    CheckpointRefused,
+    LogRecord,
+    check_log,
+    latest_checkpoint,
+    log_record,
+    step_name,
+)
+from trainer.config.regular import require_regular
 
 if TYPE_CHECKING:  # the loop owns its state; a checkpoint only stores it
     from trainer.loop.state import LoopState
@@ -39,9 +53,6 @@ class OutputError(Exception):
     def __init__(self, path: Path, reason: str):
         super().__init__(f"{path}: {reason}")
         self.path, self.reason = path, reason
-
-
-LOG_BYTES = "log_bytes"  # in a checkpoint: the MLPerf log's length when it was taken
 
 
 def save_file(obj, path: Path) -> None:
@@ -70,18 +81,23 @@ class Checkpoints:
     def __init__(self, folder: Path, keep: int, rank: int):
         self.folder, self.keep, self.rank = Path(folder), keep, rank
 
-    def save(self, step: int, shared: dict, per_rank: dict, log_bytes: int | None = None) -> Path:
-        final = self.folder / f"step_{step:08d}"
-        staging = self.folder / f".step_{step:08d}.partial"
-        if self.rank == 0:
+    def save(self, step: int, shared: dict, per_rank: dict, log: LogRecord | None = None) -> Path:
+        final = self.folder / step_name(step)
+        staging = self.folder / f".{final.name}.partial"
+        try:
+            if self.rank == 0:
+                shutil.rmtree(staging, ignore_errors=True)
+                _write(staging.mkdir, staging, parents=True)
+            _barrier()
+            save_file(per_rank, staging / f"rank_{self.rank}.pt")
+            if self.rank == 0:
+                save_file(shared, staging / SHARED)
+                if log is not None:
+                    _write((staging / LOG_BYTES).write_text, staging / LOG_BYTES, str(log.size))
+                    _write((staging / LOG_SHA256).write_text, staging / LOG_SHA256, log.sha256)
+        except OutputError:  # a full disk: no half-written checkpoint stays behind (rank 0 made it, any rank may fail)
             shutil.rmtree(staging, ignore_errors=True)
-            staging.mkdir(parents=True)
-        _barrier()
-        save_file(per_rank, staging / f"rank_{self.rank}.pt")
-        if self.rank == 0:
-            save_file(shared, staging / "shared.pt")
-            if log_bytes is not None:
-                (staging / LOG_BYTES).write_text(str(log_bytes))
+            raise
         _barrier()
         if self.rank == 0:
             shutil.rmtree(final, ignore_errors=True)
@@ -97,29 +113,61 @@ class Checkpoints:
         return self.folder / FINAL_WEIGHTS
 
     def latest(self) -> Path | None:
-        pointer = self.folder / "latest"
-        if not pointer.exists():
-            return None
-        path = self.folder / pointer.read_text().strip()
-        return path if (path / "shared.pt").exists() else None
+        """The checkpoint a resume continues from, as `bertctl status` names it (trainer/config/checkpoint_folder.py)."""
+        return latest_checkpoint(self.folder)
 
-    def log_position(self, path: Path) -> int | None:
-        """How many bytes the run's MLPerf log held when checkpoint `path` was taken (None: not recorded)."""
-        try:
-            text = (path / LOG_BYTES).read_text().strip()
-        except OSError:
+    def resume_point(self, log: Path, identity: dict) -> ResumePoint | None:
+        """The latest checkpoint, loaded, once it is known to be this run's (`identity`: seed and run index) and the
+        log `log` to begin with the bytes it saw; None without a checkpoint. Else CheckpointRefused, nothing changed."""
+        path = self.latest()
+        if path is None:
             return None
-        return int(text) if text.isdigit() else None
+        record = check_log(path, log)
+        shared, mine = self.load(path)
+        theirs = {key: shared.get(key) for key in identity}
+        if theirs != identity:
+            raise CheckpointRefused(path / SHARED, f"is another run's ({_identity(theirs)}), not this run's ({_identity(identity)})")
+        return ResumePoint(path, record, shared, mine)
 
     def load(self, path: Path) -> tuple[dict, dict]:
-        shared = torch.load(path / "shared.pt", map_location="cpu", weights_only=False)
-        per_rank = torch.load(path / f"rank_{self.rank}.pt", map_location="cpu", weights_only=False)
-        return shared, per_rank
+        return load_part(path / SHARED, SHARED_KEYS), load_part(path / f"rank_{self.rank}.pt", RANK_KEYS)
 
     def _prune(self) -> None:
         steps = sorted(p for p in self.folder.glob("step_*") if p.is_dir())
         for old in steps[: -self.keep]:
             shutil.rmtree(old, ignore_errors=True)
+
+
+SHARED_KEYS = ("model", "optimizer", "scaler", "state")
+RANK_KEYS = ("data", "rng")
+
+
+def load_part(path: Path, keys: tuple[str, ...]) -> dict:
+    """One file of a checkpoint, or CheckpointRefused naming it: missing, not a regular file, damaged, or not a part."""
+    try:
+        part = torch.load(require_regular(path), map_location="cpu", weights_only=False)
+    except OSError as e:
+        raise CheckpointRefused(path, e.strerror or str(e)) from None
+    except Exception as e:  # noqa: BLE001 - a damaged file fails in the unpickler, the zip reader or torch's own checks
+        raise CheckpointRefused(path, f"cannot be loaded ({type(e).__name__}: {(str(e).splitlines() or [''])[0][:120]})") from None
+    lacking = [key for key in keys if not isinstance(part, dict) or key not in part]
+    if lacking:
+        raise CheckpointRefused(path, f"is no checkpoint part (it lacks {', '.join(lacking)})")
+    return part
+
+
+def _identity(values: dict) -> str:
+    return ", ".join(f"{key} {value}" for key, value in values.items())
+
+
+@dataclass
+class ResumePoint:
+    """A checkpoint a run may resume from, loaded: checked against the run and its log, nothing changed yet."""
+
+    path: Path
+    log: LogRecord
+    shared: dict
+    mine: dict  # this rank's part
 
 
 def run_checkpoints(cfg: CheckpointConfig, out: Path, run_index: int, rank: int) -> Checkpoints:
@@ -142,15 +190,15 @@ class RunCheckpoint:
         """A checkpoint named after `state.updates` (whose sample count the caller made exact)."""
         shared = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                   "scaler": self.scaler.state_dict() if self.scaler else None, "state": asdict(state), **self.identity}
-        return self.checkpoints.save(state.updates, shared, {"data": self.data.state_dict(), "rng": rng_state()},
-                                     log_bytes=file_size(self.result_log))
+        log = log_record(self.result_log) if self.result_log is not None and self.result_log.exists() else None
+        return self.checkpoints.save(state.updates, shared, {"data": self.data.state_dict(), "rng": rng_state()}, log=log)
 
-    def restore(self, fresh: LoopState) -> tuple[LoopState, Path | None]:
-        """Load the latest checkpoint into the parts: its loop state and path, or `fresh` and None when there is none."""
-        path = self.checkpoints.latest()
-        if path is None:
+    def restore(self, fresh: LoopState, point: ResumePoint | None) -> tuple[LoopState, Path | None]:
+        """Load the checkpoint `Checkpoints.resume_point` checked into the parts: its loop state and path, or `fresh`
+        and None when there is none."""
+        if point is None:
             return fresh, None
-        shared, mine = self.checkpoints.load(path)
+        shared, mine, path = point.shared, point.mine, point.path
         self.model.load_state_dict(shared["model"])
         self.optimizer.load_state_dict(shared["optimizer"])
         if self.scaler and shared["scaler"]:
@@ -228,7 +276,19 @@ def _barrier() -> None:
         dist.barrier()
 
 
+def _write(write, path: Path, *args, **kwargs) -> None:
+    """`write(*args)` (a write to `path`), an OSError reported as the OutputError naming the file."""
+    try:
+        write(*args, **kwargs)
+    except OSError as e:
+        raise OutputError(path, f"cannot write: {e.strerror or e}") from None
+
+
 def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.partial")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    try:
+        _write(tmp.write_text, tmp, text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

@@ -4,6 +4,7 @@
 - `closed_rules` MLPerf's closed-division BERT rules as data (`CLOSED_RULES`), applied by `RunConfig`
 - `dataset`  dataset manifests (`DatasetManifest`, datasets/*.yaml)
 - `paths`    `~` and `$VARS` in configured paths, expanded on the node that uses them
+- `checkpoint_folder` which checkpoint of a run is the latest and whether its log is the one it saw (trainer and status)
 - `base`     frozen sections, `ConfigProblem` (a broken rule with its key) and `first_problem`
 
 May import: nothing of bertctl beyond this package

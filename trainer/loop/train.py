@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from trainer.checkpoints.run import (
+    CheckpointRefused,
     Checkpoints,
     OutputError,
     RunCheckpoint,
@@ -54,7 +55,7 @@ from trainer.parallel.gradients import GradientSync, data_parallel
 # CompileFailed: the node cannot compile what the recipe asks to (met in the warm-up, before run_start); the
 # line names runtime.compile and runtime.compile_fallback
 USER_ERRORS = (distributed.LaunchError, DataError, ShardError, WeightsError, PathError, OutputError, CapacityError,
-               CompileFailed)
+               CompileFailed, CheckpointRefused)
 
 
 class Trainer:
@@ -65,10 +66,10 @@ class Trainer:
         self.rank0 = self.env.rank == 0
         out = Path(args.out)
         self.checkpoints = run_checkpoints(cfg.checkpoint, out, args.run_index, self.env.rank)
-        latest = self.checkpoints.latest()
-        if self.rank0 and latest is not None:
-            rewind_to_checkpoint(args.result_log, self.checkpoints.log_position(latest))
-        self.mllog = RunLogger(args.result_log, enabled=self.rank0, resumed=latest is not None)
+        resume = self.checkpoints.resume_point(args.result_log, {"seed": self.seed, "run_index": args.run_index})
+        if self.rank0 and resume is not None:
+            rewind_to_checkpoint(args.result_log, resume.log.size)
+        self.mllog = RunLogger(args.result_log, enabled=self.rank0, resumed=resume is not None)
         self.mllog.init_start()
         self.mllog.submission(cfg.mlperf)
         seed_everything(self.seed, self.env.rank)
@@ -96,7 +97,7 @@ class Trainer:
         self.clock = ComputeClock(self.device, self.env.node, self.env.world_size)  # who holds the others back
         self.progress = ProgressReport(cfg, self.device, self.clock,
                                        out / "metrics" / f"run_{args.run_index}.jsonl" if self.rank0 else None, self.say)
-        self.state, resumed_from = self.saved.restore(first_state(cfg))  # the model, optimizer, data and RNG too
+        self.state, resumed_from = self.saved.restore(first_state(cfg), resume)  # the model, optimizer, data and RNG too
         self.resumed = resumed_from is not None
         if self.resumed:
             self.say(f"resumed from {resumed_from}")
