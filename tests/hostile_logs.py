@@ -213,7 +213,7 @@ def cases() -> list[Case]:
         Case("order/second run_stop", append_copy("run_stop"), "run_stop after run_stop"),
         Case("order/eval after run_stop", append_copy("eval_accuracy"), "eval_accuracy after run_stop"),
         Case("order/no run_stop", delete("run_stop"), "no run_stop"),
-        Case("order/no run_start", delete("run_start"), "before any run_start"),
+        Case("order/no run_start", delete("run_start"), "block_start before run_start"),
         # evaluations after convergence alone are a warning (Google's published v1.1 logs have them); copies
         # of one evaluation repeat its sample count, which no published log does
         Case("order/thousands of evals after convergence", insert_copy("eval_accuracy", "train_samples", 3000),

@@ -78,20 +78,21 @@ def test_package_of_ten_good_runs_is_accepted(tmp_path):
     assert "bypass" not in result.err
 
 
-def test_package_of_a_tiny_model_bypasses_rcp_and_says_so(tmp_path):
+def test_a_rehearsal_run_is_never_packaged_nor_passed(tmp_path):
+    """A tiny model run as closed waives the rules of scale (mlperf.waive_scale_rules): never a result."""
     exp = f.make_experiment(f.tiny_closed_specs(), cluster="local", overrides=f.TINY_CLOSED)
-    result = run_cli("package", exp.id, "--org", "bertctl", "--out", str(tmp_path), "--system", "laptop")
-    assert result.code == 0, result.err
-    bench = tmp_path / "bertctl" / "results" / "laptop" / "bert"
-    assert (bench / "package_checker_params").read_text() == "rcp-bypass"
-    assert "note: RCP bypassed: a 2-layer, 128-hidden model is not BERT-large" in result.err
-    assert "checker warning: RCP test failed but allowed to proceed with RCP bypass." in result.err
-    assert "PACKAGE CHECKER FOUND NO ERRORS, SUCCESS !" in result.err
-    # compliance-check applies the same policy and says so
+    err = bad(exp.id, "--org", "bertctl", "--out", str(tmp_path / "out"), "--system", "laptop")
+    assert "a rehearsal run (mlperf.waive_scale_rules: the closed division's rules of scale waived) is never a result" in err
+    assert not (tmp_path / "out").exists()
     check = run_cli("compliance-check", exp.id, "--json")
     report = json.loads(check.out)
-    assert check.code == 0 and report["rcp"]["pass"] is True and report["rcp"]["bypassed"].startswith("RCP bypassed")
-    assert report["rcp"]["message"] == "Missing RCP, please submit RCP with BS = 16"
+    assert check.code == 1 and report["passed"] is False and all(r["compliant"] for r in report["runs"])
+    assert report["problems"] == ["a rehearsal, never a result: result_0.txt, result_1.txt, result_2.txt, result_3.txt, ... "
+                                  "waived the closed division's rules of scale (mlperf.waive_scale_rules: model, lengths, "
+                                  "evaluation set and cadence, checkpoint)"]
+    assert report["stricter"] == report["problems"] and report["package_checker_view"]["passed"] is True
+    # the RCP check applies the same policy as before and says so
+    assert report["rcp"]["pass"] is True and report["rcp"]["bypassed"].startswith("RCP bypassed")
 
 
 def test_bert_large_never_bypasses_rcp(tmp_path):

@@ -52,6 +52,9 @@ class CheckResult:
     compliant: bool
     messages: list[str] = field(default_factory=list)  # one per problem, as the checker wrote them
     crashed: bool = False  # the checker raised instead of judging
+    # why the log passes by its ruleset as it stood at publication though today's checker fails it
+    # (orchestrator/results/rulesets.py::as_it_stood), or None
+    as_it_stood: str | None = None
 
     @property
     def summary(self) -> str:

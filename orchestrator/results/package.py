@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.errors import UserError
+from orchestrator.results import closed_log
 
 BENCHMARK = "bert"
 SUCCESS = "PACKAGE CHECKER FOUND NO ERRORS, SUCCESS !"
@@ -105,6 +106,11 @@ def build(rs, org: str, out: Path, system_id: str | None = None) -> tuple[Path, 
     if used_nodes:  # the scale that produced these results, -o resources.nodes=N included
         system = {**system, "number_of_nodes": used_nodes}
     rs.require_runs(scoring.required_runs())
+    rehearsal = [f for f, s in zip(rs.files, rs.summaries) if closed_log.waived(s, rs.run_config)]
+    if rehearsal and division == "closed":
+        raise UserError("a rehearsal run (mlperf.waive_scale_rules: the closed division's rules of scale waived) is "
+                        "never a result: not packaged; run it with the rules, or as mlperf.division=open",
+                        where=f"experiment {rs.label}")
     malformed = [(f, s.problem or s.incomplete) for f, s in zip(rs.files, rs.summaries) if s.problem or s.incomplete]
     if malformed:
         f, why = malformed[0]

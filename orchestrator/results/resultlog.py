@@ -8,13 +8,18 @@ one hostile file cannot hang, crash or fool any of them:
 - each `:::MLLOG` line is split at its marker once (the official parser's `re.sub(".*:::MLLOG ", ...)`
   is quadratic in the line: a 300 KB line takes minutes), and a line longer than MAX_EVENT_CHARS,
   or with two markers, is not an event;
-- the events must make one MLPerf run: `check_event` states each rule (one run_start and one
-  run_stop, in order, nothing of the run after run_stop; finite, plausible time_ms, in order as
-  `Rules._time` says (published logs are the measure: many ranks log the init phase with their own
-  clocks, and some systems write their evaluations late with the time they were taken); numbers
-  where numbers belong; eval_accuracy in [0, 1]; sample counts non-negative, bounded and
+- the events must make one MLPerf run: `Rules.check` states each rule (one run_start and one
+  run_stop, in order, nothing of the run after run_stop, no training before run_start; finite,
+  plausible time_ms that never go back once the run started, as `Rules._time` says (published logs are
+  the measure: many ranks log the init phase with their own clocks, and Intel-HabanaLabs' systems
+  write their evaluations late with the time they were taken); run_stop not before the evaluation it
+  ends; numbers where numbers belong; eval_accuracy in [0, 1]; sample counts non-negative, bounded and
   non-decreasing; evaluations stop when the run converged). The first broken rule is the log's
   `problem`, with its line number.
+
+Where a published, accepted log breaks one of these rules in a way that cannot be told from a lie by
+its form (orchestrator/results/accepted.yaml names those files by content), that file gets a warning
+naming it; any other log with the same break fails.
 
 The official checker passes many of these logs (duplicate run_start, NaN times, evaluations after
 convergence): its verdict is only as strong as these checks on top of it. A log with a problem is
@@ -23,6 +28,7 @@ never handed to it. The key names are mllog's constants, the ones the writer (tr
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -34,6 +40,7 @@ from pathlib import Path
 from mlperf_logging.mllog import constants as K
 
 from orchestrator.errors import UserError
+from orchestrator.results import accepted
 
 MARKER = ":::MLLOG"
 MAX_FILE_BYTES = 64 * 1024 * 1024  # a BERT-large log is about 200 KB; NVIDIA's with stdout a few MB
@@ -65,6 +72,12 @@ MAX_GLOBAL_BATCH = 1_000_000
 POSITIVE_VALUES = (K.GLOBAL_BATCH_SIZE, K.MAX_SEQUENCE_LENGTH, K.GRADIENT_ACCUMULATION_STEPS, K.OPT_BASE_LR,
                    "max_predictions_per_seq")
 INTERVAL_STARTS = {K.BLOCK_STOP: K.BLOCK_START, K.EPOCH_STOP: K.EPOCH_START, K.EVAL_STOP: K.EVAL_START}
+# Training and evaluating happen inside the timed run: no published log has one of these before run_start
+TRAINING_KEYS = (K.BLOCK_START, K.BLOCK_STOP, K.EPOCH_START, K.EPOCH_STOP, K.EVAL_START, K.EVAL_STOP)
+# The names of the rules a published, accepted log may be excused from (orchestrator/results/accepted.yaml)
+TIME_ORDER = "time order"
+TIME_RANGE = "a time the log could have been written at"
+STOP_BEFORE_EVAL = "run_stop before the evaluation it ends"
 FIELDS = ("time_ms", "key", "value", "metadata")
 
 COUNT_METADATA = (K.EPOCH_NUM, K.SAMPLES_COUNT, K.FIRST_EPOCH_NUM, K.EPOCH_COUNT, "step")
@@ -96,6 +109,7 @@ class ParsedLog:
     # (line, why): what bertctl doubts in a log that published, accepted results also do; never a failure
     warnings: list[tuple[int, str]] = field(default_factory=list)
     lines: int = 0
+    sha256: str | None = None  # of the file's bytes: names a published log (orchestrator/results/accepted.py)
     has_run_start: bool = False
     has_run_stop: bool = False
 
@@ -160,9 +174,9 @@ def read_tail(path: str | Path, limit: int, what: str = "run log") -> str:
 def parse(path: str | Path) -> ParsedLog:
     """Every event of the log, checked in order; stops at the first damaged line or broken rule."""
     data, mtime = read_bounded(path)
-    log = ParsedLog(Path(path))
+    log = ParsedLog(Path(path), sha256=hashlib.sha256(data).hexdigest())
     # not the mtime alone: a log copied out of an archive may carry any mtime (1970, say)
-    rules = Rules(latest_ms=max(mtime, time.time()) * 1000.0 + CLOCK_SKEW_MS)
+    rules = Rules(latest_ms=max(mtime, time.time()) * 1000.0 + CLOCK_SKEW_MS, accepted=accepted.accepted_log(log.sha256))
     lines = data.decode("utf-8", errors="replace").split("\n")
     work = 0
     log.lines = len(lines) - (1 if lines and lines[-1] == "" else 0)
@@ -256,11 +270,15 @@ def _is_counts(value) -> bool:
 class Rules:
     """The rules one MLPerf run's events keep, checked event by event (`check` says the first broken one)."""
 
-    def __init__(self, latest_ms: float):
+    def __init__(self, latest_ms: float, accepted: accepted.AcceptedLog | None = None):
         self.latest_ms = latest_ms
+        self.accepted = accepted  # a published log excused from some rules (orchestrator/results/accepted.yaml)
         self.last_ms: float | None = None  # the latest time before run_start
         self.run_start_ms: float | None = None
         self.key_ms: dict[str, float] = {}  # since run_start: each key's last time
+        self.clock: tuple[float, int, str] | None = None  # since run_start: the latest time, its line and key
+        self.late_evals = False  # evaluations logged after later events, with the time they were taken
+        self.excused: set[str] = set()  # the accepted log's rules already said once
         self.run_start: int | None = None  # its line
         self.run_stop: int | None = None
         self.counts: dict[tuple[str, str], float] = {}  # (key, metadata field) -> the last count
@@ -273,6 +291,15 @@ class Rules:
 
     def warn(self, e: Event, why: str) -> None:
         self.warnings.append((e.line, why))
+
+    def broken(self, e: Event, rule: str, why: str) -> str | None:
+        """The rule's failure; for a published log accepted with this break, a warning (once) instead."""
+        if self.accepted is None or not self.accepted.excuses(rule):
+            return why
+        if rule not in self.excused:
+            self.excused.add(rule)
+            self.warn(e, self.accepted.warning(rule, why))
+        return None
 
     def check(self, e: Event) -> str | None:
         # the order of events first: a copied line breaks it and, less tellingly, the order of times too
@@ -304,16 +331,17 @@ class Rules:
 
     def _time(self, e: Event) -> str | None:
         """Before run_start the ranks' clocks may disagree by RANK_CLOCK_SKEW_MS. From run_start on each
-        key keeps its own order, nothing is earlier than run_start, and run_stop is not earlier than the
-        last evaluation: Habana's published logs write every eval_accuracy after the training blocks, with
-        the time the evaluation was taken, so one order across all keys would fail a compliant log."""
+        key keeps its own order, nothing is earlier than run_start, an interval ends after it started,
+        and time never goes back (`_clock_goes_on`)."""
         t = e.time_ms
         if not _is_number(t):
             return f"time_ms is {json.dumps(t)[:40]}, not a number"
         if not EARLIEST_MS <= t <= self.latest_ms:
             why = f"time_ms {t} is not a time this log could have been written at (2000 to now)"
-            if e.key in (K.RUN_START, K.RUN_STOP) or t > self.latest_ms:
+            if e.key in (K.RUN_START, K.RUN_STOP):
                 return why
+            if t > self.latest_ms:
+                return self.broken(e, TIME_RANGE, why)  # a published log accepted with it: its time is not used
             # Google's published v0.7 logs write the submission_* keys with time_ms 0: no time rather than a
             # false one. The event is kept, its time not used
             self.warn(e, f"{e.key}'s {why}; its time is not used")
@@ -324,21 +352,47 @@ class Rules:
             self.last_ms = t if self.last_ms is None else max(t, self.last_ms)
             if e.key == K.RUN_START:
                 self.run_start_ms = t
+                self.clock = (t, e.line, e.key)
             return None
         before = [(self.run_start_ms, "run_start's"), (self.key_ms.get(e.key), f"the previous {e.key}'s")]
-        last_eval = self.key_ms.get(K.EVAL_ACCURACY)
-        if e.key == K.RUN_STOP and last_eval is not None and t < last_eval:
-            # xFusion's published v3.1 logs stop the clock before their last evaluation is logged
-            self.warn(e, f"run_stop's time_ms {t} is earlier than the last eval_accuracy's ({last_eval})")
-        if e.key == K.RUN_STOP:
-            self.run_stop_ms = t
         if e.key in INTERVAL_STARTS:  # an interval ends after it started
             before.append((self.key_ms.get(INTERVAL_STARTS[e.key]), f"its {INTERVAL_STARTS[e.key]}'s"))
         for earlier, whose in before:
             if earlier is not None and t < earlier:
                 return f"time_ms {t} is earlier than the event before ({whose} {earlier})"
+        broken = self._clock_goes_on(e, t)
+        if broken:
+            return broken
+        if e.key == K.RUN_STOP:
+            self.run_stop_ms = t
         self.key_ms[e.key] = t
         return None
+
+    def _clock_goes_on(self, e: Event, t: float) -> str | None:
+        """Once the run started, time never goes back: an event is not earlier than any event before it.
+
+        Two published forms keep it in their own way. Intel-HabanaLabs' systems (v1.0 to v3.1) evaluate
+        asynchronously: each eval_accuracy is written after later training, with the time it was taken
+        (each key in its own order, none before run_start), and run_stop carries the converging
+        evaluation's time while training went on. Anything else going back fails: a clock set back in
+        the middle of a run, run_stop moved before the evaluation it ends or before training it holds."""
+        latest, line, key = self.clock
+        last_eval = self.key_ms.get(K.EVAL_ACCURACY)
+        if e.key == K.RUN_STOP and last_eval is not None and t < last_eval:
+            return self.broken(e, STOP_BEFORE_EVAL, f"run_stop's time_ms {t} is earlier than the last eval_accuracy's "
+                                                    f"({last_eval}): the run stopped before the evaluation it ends")
+        if t >= latest:
+            self.clock = (t, e.line, e.key)
+            return None
+        if e.key == K.EVAL_ACCURACY or (e.key == K.RUN_STOP and self.late_evals):
+            if not self.late_evals:
+                self.late_evals = True
+                self.warn(e, f"eval_accuracy written after later events (line {line}, {key} at {latest}) with the time the "
+                             "evaluation was taken: asynchronous evaluation, as Intel-HabanaLabs' published logs "
+                             "(v1.0 to v3.1) write it")
+            return None
+        return self.broken(e, TIME_ORDER, f"time_ms {t} is earlier than line {line}'s ({key} at {latest}): the clock "
+                                          f"went back {(latest - t) / 1000:,.3f} s after run_start")
 
     def _metadata(self, e: Event) -> str | None:
         if not isinstance(e.metadata, dict):
@@ -393,6 +447,14 @@ class Rules:
         return None
 
     def _order(self, e: Event) -> str | None:
+        if self.run_start is None and e.key in TRAINING_KEYS:
+            return f"{e.key} before run_start: training and evaluation happen in the timed run"
+        if self.run_start is None and e.key == K.EVAL_ACCURACY:
+            if e.metadata.get(K.EPOCH_NUM):
+                return (f"eval_accuracy at epoch_num {e.metadata.get(K.EPOCH_NUM)} before run_start: training happens "
+                        "in the timed run")
+            self.warn(e, "an evaluation of the initial checkpoint (epoch_num 0) before run_start, as PCL's published "
+                         "v1.0 logs have it")
         if e.key == K.RUN_START:
             if self.run_start is not None:
                 return f"a second run_start (the first is on line {self.run_start})"

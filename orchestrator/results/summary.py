@@ -50,7 +50,14 @@ class RunSummary:
     benchmark: str | None = None
     division: str | None = None
     org: str | None = None
+    platform: str | None = None
     keys: set[str] = field(default_factory=set)
+    # the values each configuration key logged, in order (hyperparameters, submission_*, eval_samples, ...)
+    values: dict[str, list] = field(default_factory=dict)
+    # (line, step, samples): what tracked_stats says where it gives a step ([epoch, step] or a count) and samples
+    steps: list[tuple[int, float, float]] = field(default_factory=list)
+    eval_lines: list[int] = field(default_factory=list)  # the line of each of `evals`
+    sha256: str | None = None  # of the log's bytes (orchestrator/results/accepted.py names published logs by it)
 
     @property
     def last_accuracy(self) -> float | None:
@@ -170,10 +177,35 @@ def summarize(path: str | Path) -> RunSummary:
     summary.incomplete = log.incomplete()
     summary.warnings = [f"line {line}: {why}" for line, why in log.warnings]
     summary.events = len(log.events) + len(log.damaged) + (1 if log.problem else 0)
+    summary.sha256 = log.sha256
     for e in log.events:  # each one passed resultlog's rules: numbers are finite and well typed
         summary.keys.add(e.key)
         _absorb(summary, e.key, e.value, e.metadata, float(e.time_ms))
+        _keep(summary, e)
     return summary
+
+
+# Keys whose values are not configuration: the run's progress, and the 398 tensor names
+NOT_CONFIGURATION = {"eval_accuracy", "tracked_stats", "weights_initialization", "cache_clear", "init_start", "init_stop",
+                     "run_start", "run_stop", "block_start", "block_stop", "epoch_start", "epoch_stop", "eval_start",
+                     "eval_stop", "train_samples", "data_file"}
+MAX_VALUES_KEPT = 8  # of one key: a log repeats a key a few times at most (one line per rank)
+
+
+def _keep(s: RunSummary, e) -> None:
+    """What the configuration keys logged, and the step tracked_stats gives with a sample count."""
+    if e.key == "eval_accuracy":
+        s.eval_lines.append(e.line)
+    elif e.key == "tracked_stats":
+        step = e.metadata.get("step")
+        step = step[-1] if isinstance(step, list) and step else step  # NVIDIA's [epoch, step]
+        samples = (e.value.get("epoch_num") if isinstance(e.value, dict) else None) or e.metadata.get("epoch_num")
+        if _is_number(step) and _is_number(samples):
+            s.steps.append((e.line, float(step), float(samples)))
+    elif e.key not in NOT_CONFIGURATION:
+        kept = s.values.setdefault(e.key, [])
+        if len(kept) < MAX_VALUES_KEPT:
+            kept.append(e.value)
 
 
 def _absorb(s: RunSummary, key: str, value, meta: dict, time_ms: float) -> None:
@@ -209,6 +241,8 @@ def _absorb(s: RunSummary, key: str, value, meta: dict, time_ms: float) -> None:
         s.division = value
     elif key == "submission_org" and s.org is None and isinstance(value, str):
         s.org = value
+    elif key == "submission_platform" and s.platform is None and isinstance(value, str):
+        s.platform = value
 
 
 def _is_number(value) -> bool:

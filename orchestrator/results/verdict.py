@@ -1,18 +1,22 @@
-"""The verdict on a set of BERT runs: every log through the official checker, the olympic score, the RCP check.
+"""The verdict on a set of BERT runs: the package checker's view of it, and bertctl's own checks on top.
 
-`assess` gathers what the official tools say (orchestrator.results.compliance for the per-log checker,
-orchestrator.results.scoring for the score and RCP) and decides whether the set is a valid MLPerf result:
-at most one run may fail the checker or miss the target (it is the dropped one), there must be a
-score, and a closed-division set must pass its RCP check.
+`assess` judges a set two ways and says both:
 
-bertctl's own checks come first (orchestrator/results/resultlog.py): a log that breaks them (a second
-run_start, NaN times, evaluations after convergence, ...) fails with its line and reason and is never
-handed to the official tools, which pass many such logs. Its run has no time and never enters the
-score. The set then fails outright: MLPerf's olympic scoring drops one run that ran and was judged
-(non-compliant or not converged), but a malformed log could not be judged by the official checker at
-all, so bertctl does not let it be the dropped run, and skips the summarizer and the RCP check (they
-would read it with the official parser). `print_report` is the table on stderr,
-`Report.as_json` the contract scripts read on stdout.
+- as MLPerf's package checker sees it: every log through the official compliance checker, judged by its
+  ruleset as it stood when its round was published (orchestrator/results/rulesets.py: today's
+  mlperf-logging fails every accepted v1.1 and v2.1 log on rules changed since, and the report names
+  them); at most one log may fail (the dropped run); the seed check (closed division, rulesets 1.0.0
+  on); the RCP check with the round's sample source. `Report.package_view_passed` is that verdict.
+- with bertctl's own checks, which the official tools do not make: one log's events (resultlog.py: a
+  log that breaks them is never handed to the official tools, and fails the set outright), what a run
+  and a set claim to be (identity.py: counted accuracies, samples per step, the rate per accelerator,
+  one system, one recipe, no copies), and the closed division read from the log (closed_log.py). A
+  run that fails one of them counts as a failing run, as a non-compliant log does.
+
+Each is a failure unless a published, accepted result shows it: then a warning naming that round and
+set. Where bertctl fails a set the package checker would pass, the report says so in a line of its own
+(`Report.stricter`). There must be a score: at most one run may fail or not converge. `print_report` is
+the table on stderr, `Report.as_json` the contract scripts read on stdout.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from orchestrator.results import resultlog, scoring
+from orchestrator.results import closed_log, identity, resultlog, rulesets, scoring
 from orchestrator.results.compliance import BENCHMARK, CheckResult, check_logs, checker_version, choose_ruleset, shorten
 
 # The package checker accepts one non-compliant run "under olympic scoring"; the result summarizer
@@ -44,6 +48,13 @@ class RunVerdict:
     message: str  # the checker's messages in one line; empty when compliant
     checker_messages: list[str]
     warnings: list[str] = field(default_factory=list)  # what bertctl doubts in a log the official checker passes
+    failures: list[str] = field(default_factory=list)  # bertctl's own checks this run fails (identity, closed rules)
+    as_it_stood: str | None = None  # why it passes by its ruleset as it stood, though today's checker fails it
+
+    @property
+    def passed(self) -> bool:
+        """The official checker (as the ruleset stood) and bertctl's own checks pass it."""
+        return self.compliant and not self.failures
 
 
 @dataclass
@@ -61,11 +72,20 @@ class Report:
     rcp: scoring.RcpVerdict | None = None
     rcp_note: str | None = None  # why there is no RCP verdict
     notes: list[str] = field(default_factory=list)
-    problems: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # every reason the set fails
+    package_problems: list[str] = field(default_factory=list)  # those the package checker would find
+    stricter: list[str] = field(default_factory=list)  # where bertctl fails a set the package checker passes
+    warnings: list[str] = field(default_factory=list)  # about the set: what accepted results also show
+    ruleset_history: str | None = None  # the ruleset's rules changed since its round was published
 
     @property
     def passed(self) -> bool:
         return not self.problems
+
+    @property
+    def package_view_passed(self) -> bool:
+        """The set as MLPerf's package checker sees it (by the ruleset as it stood)."""
+        return not self.package_problems
 
     @property
     def scaled_minutes(self) -> float | None:
@@ -98,39 +118,80 @@ class Report:
             "rcp": self.rcp.as_json() if self.rcp else None,
             "rcp_note": self.rcp_note,
             "notes": self.notes,
+            "warnings": self.warnings,
+            "ruleset_history": self.ruleset_history,
             "problems": self.problems,
+            "package_checker_view": {"passed": self.package_view_passed, "problems": self.package_problems},
+            "stricter": self.stricter,
             "passed": self.passed,
         }
 
 
 def assess(rs, ruleset: str | None = None, werror: bool = False, with_score: bool = True,
            check=None, summarizer: bool = True) -> Report:
-    """Check every log of the set with the official checker, then score it and check its RCP.
+    """Judge the set as the package checker does, and by bertctl's own checks (see the module).
 
-    `check(paths, ruleset, werror)` gives the checker's verdicts (benchmarks/published_logs_sweep.py
-    passes verdicts it cached, and no summarizer: it re-runs the checker on every log)."""
+    `check(paths, ruleset, werror)` gives the official checker's verdicts (check_logs by default: the
+    checker run now, one process per log)."""
     if with_score:
         rs.require_runs(scoring.required_runs())
     chosen, reason = choose_ruleset(rs.directory, rs.first_time_ms, ruleset, rs.recorded_ruleset)
-    checks = _checks(rs, chosen, werror, check or check_logs)
+    checks = [rulesets.as_it_stood(c, s.values, werror)
+              for c, s in zip(_checks(rs, chosen, werror, check or check_logs), rs.summaries)]
+    system, where = identity.system_description(rs)
+    found = own_findings(rs, chosen, system, where)
     report = Report(
         source="experiment" if rs.experiment else "directory", label=rs.label, directory=str(rs.directory),
-        division=rs.division, ruleset=chosen, ruleset_reason=reason, checker=checker_version(),
-        runs=[_run_verdict(s, c) for s, c in zip(rs.summaries, checks)],
+        division=identity.package_division(rs.division, system), ruleset=chosen, ruleset_reason=reason,
+        checker=checker_version(),
+        runs=[_run_verdict(s, c, found) for s, c in zip(rs.summaries, checks)],
+        ruleset_history=rulesets.history(chosen), notes=list(found.notes), warnings=list(found.set_warnings),
     )
     crashed = [c for c in checks if c.crashed]
     if crashed:  # not a verdict on the logs: the tool itself failed
-        report.problems.append(f"the compliance checker crashed on {len(crashed)} log(s): {crashed[0].messages[0]}")
-    malformed = [r.file for r, s in zip(report.runs, rs.summaries) if own_problem(s)]
-    report.problems += repeated_runs(rs)
+        _package_problem(report, f"the compliance checker crashed on {len(crashed)} log(s): {crashed[0].messages[0]}")
+    malformed = [r.file for r, s in zip(report.runs, rs.summaries) if s.problem]
+    seeds = identity.Findings()
+    identity.seeds(rs.summaries, chosen, report.division, seeds)
+    for problem in seeds.problems:
+        _package_problem(report, problem + _seed_history(chosen))
+    for problem in repeated_runs(rs) + found.problems:
+        _own_problem(report, problem)
     if with_score:
         _score(report, rs, skip_official=bool(malformed), summarizer=summarizer)
     _judge(report, with_score, malformed)
     if malformed:
-        report.problems.append(
-            f"{len(malformed)} malformed log(s) ({', '.join(malformed)}): bertctl's checks fail them before the "
-            "official checker, and a malformed log cannot be the run olympic scoring drops")
+        _own_problem(report, f"{len(malformed)} malformed log(s) ({', '.join(malformed)}): bertctl's checks fail them before "
+                             "the official checker, and a malformed log cannot be the run olympic scoring drops")
     return report
+
+
+def own_findings(rs, ruleset: str, system: dict | None, where: str) -> identity.Findings:
+    """bertctl's checks beyond one log's events: each run's claims, the set's identity, the closed rules."""
+    found = identity.run_findings(rs.summaries)
+    found.merge(identity.rate_findings(rs.summaries, system, where))
+    found.merge(identity.set_findings(rs.summaries))
+    found.merge(identity.division_findings(rs.division, system, where))
+    return found.merge(closed_log.findings(rs.summaries, ruleset, rs.division, rs.run_config))
+
+
+def _package_problem(report: Report, problem: str) -> None:
+    report.problems.append(problem)
+    report.package_problems.append(problem)
+
+
+def _own_problem(report: Report, problem: str) -> None:
+    """A problem of bertctl's own checks: the package checker does not find it."""
+    report.problems.append(problem)
+    report.stricter.append(problem)
+
+
+def _seed_history(ruleset: str) -> str:
+    """The seed check asked for a seed in every run only from 4.1.0-rc4: say so for the rounds before."""
+    if ruleset in ("4.1.0", "5.0.0"):
+        return ""
+    return (f" (since 2024-09-13, mlperf-logging 4.1.0-rc4, commit ac0096ca830b: when the round of ruleset {ruleset} "
+            "was published, a set in which no run logged a seed passed the seed check)")
 
 
 def repeated_runs(rs) -> list[str]:
@@ -165,24 +226,28 @@ def own_problem(s) -> str | None:
 
 
 def _checks(rs, ruleset: str, werror: bool, check) -> list[CheckResult]:
-    """The official checker's verdict on every log that passed bertctl's checks; ours on the others."""
-    judged = [f for f, s in zip(rs.files, rs.summaries) if not own_problem(s)]
+    """The official checker's verdict on every log whose events keep bertctl's rules (a run that did not
+    finish included: the checker fails it as the package checker would); ours on the others."""
+    judged = [f for f, s in zip(rs.files, rs.summaries) if not s.problem]
     official = iter(check(judged, ruleset, werror))
-    return [CheckResult(str(f), ruleset, False, [f"malformed log (bertctl's checks): {own_problem(s)}"])
-            if own_problem(s) else next(official) for f, s in zip(rs.files, rs.summaries)]
+    return [CheckResult(str(f), ruleset, False, [f"malformed log (bertctl's checks): {s.problem}"])
+            if s.problem else next(official) for f, s in zip(rs.files, rs.summaries)]
 
 
-def _run_verdict(s, check: CheckResult) -> RunVerdict:
+def _run_verdict(s, check: CheckResult, found: identity.Findings) -> RunVerdict:
+    name = Path(s.file).name
     return RunVerdict(
-        file=Path(s.file).name, compliant=check.compliant, converged=s.converged, status=s.status,
+        file=name, compliant=check.compliant, converged=s.converged, status=s.status,
         minutes=s.minutes, samples_to_converge=s.samples_to_converge, samples_source=s.samples_source,
-        accuracy=s.last_accuracy, seed=s.seed, message="" if check.compliant else check.summary,
-        checker_messages=check.messages, warnings=list(s.warnings),
+        accuracy=s.last_accuracy, seed=s.seed, message="" if check.compliant and not check.as_it_stood else check.summary,
+        checker_messages=check.messages, warnings=list(s.warnings) + found.warnings.get(name, []),
+        failures=found.failures.get(name, []) + ([f"incomplete: {s.incomplete}"] if s.incomplete and not s.problem else []),
+        as_it_stood=check.as_it_stood,
     )
 
 
 def _score(report: Report, rs, skip_official: bool = False, summarizer: bool = True) -> None:
-    report.score = scoring.olympic_score([(r.file, r.minutes, r.converged) for r in report.runs])
+    report.score = scoring.olympic_score([(r.file, r.minutes, r.converged and not r.failures) for r in report.runs])
     if skip_official:
         report.rcp_note = "not checked: a malformed log would reach the official parser"
         report.notes.append("result_summarizer and RCP not run: they would read the malformed log(s)")
@@ -201,7 +266,7 @@ def _score(report: Report, rs, skip_official: bool = False, summarizer: bool = T
                                            scoring.rcp_bypass_reason(rs.run_config))
         except Exception as e:  # noqa: BLE001
             report.rcp_note = "the official RCP checker crashed"
-            report.problems.append(f"the official RCP checker crashed on these logs: {_one_line(e)}")
+            _package_problem(report, f"the official RCP checker crashed on these logs: {_one_line(e)}")
 
 
 def _one_line(error: BaseException) -> str:
@@ -210,26 +275,37 @@ def _one_line(error: BaseException) -> str:
 
 
 def _judge(report: Report, with_score: bool, malformed: list[str] = ()) -> None:
-    """What keeps the set from being a valid MLPerf result; the empty list means it passes."""
+    """What keeps the set from being a valid MLPerf result: the package checker's view (at most one log
+    failing the official checker, the RCP check), then bertctl's (at most one run failing any check or
+    not converged, and a score)."""
     failing = [r.file for r in report.runs if not r.compliant]
-    bad = [r.file for r in report.runs if not r.compliant or not r.converged]
+    ours = [r.file for r in report.runs if r.compliant and r.failures]
+    bad = [r.file for r in report.runs if not r.passed or not r.converged]
     allowed = MAX_BAD_RUNS if with_score else 0
     if len(failing) == len(report.runs) and failing:
-        report.problems.append(f"every log fails the compliance checker (ruleset {report.ruleset})")
+        _package_problem(report, f"every log fails the compliance checker (ruleset {report.ruleset})")
+    elif len(failing) > allowed:
+        _package_problem(report, f"{len(failing)} log(s) fail the compliance checker ({', '.join(failing)}); "
+                                 f"{'the package checker accepts at most 1' if with_score else 'every log must pass'}")
     elif len(bad) > allowed:
-        report.problems.append(
-            f"{len(bad)} run(s) fail the checker or did not converge ({', '.join(bad)}); "
-            f"{'olympic scoring accepts at most 1' if with_score else 'every run must pass'}")
+        named = [f"{f} ({'fails ' + _first(report, f) if f in ours else 'did not converge' if f not in failing else 'fails the checker'})"
+                 for f in bad]
+        _own_problem(report, f"{len(bad)} run(s) fail or did not converge ({', '.join(named)}); "
+                             f"{'olympic scoring accepts at most 1' if with_score else 'every run must pass'}")
     elif bad and bad[0] not in malformed:
         report.notes.append(f"{bad[0]} fails or did not converge: accepted under olympic scoring as the dropped run")
-    if with_score and report.score.minutes is None:
-        report.problems.append(report.score.note)
+    if with_score and report.score.minutes is None and not any(p.startswith("no score") for p in report.problems):
+        _own_problem(report, report.score.note)
     rcp = report.rcp
     if rcp is not None:
         if not rcp.passed:
-            report.problems.append(f"RCP check failed ({rcp.message}): {_rcp_numbers(rcp)}")
+            _package_problem(report, f"RCP check failed ({rcp.message}): {_rcp_numbers(rcp)}")
         elif rcp.bypassed:
             report.notes.append(f"{rcp.bypassed} (the check itself: {rcp.message}, {_rcp_numbers(rcp)})")
+
+
+def _first(report: Report, file: str) -> str:
+    return next(r.failures[0] for r in report.runs if r.file == file)
 
 
 def _rcp_numbers(rcp) -> str:
@@ -252,7 +328,7 @@ def print_report(report: Report, console) -> None:
         table.add_column(column, justify="right" if column in ("samples", "minutes") else "left")
     for r in report.runs:
         table.add_row(
-            r.file, "[green]PASS[/]" if r.compliant else "[red]FAIL[/]",
+            r.file, ("[green]PASS[/] as it stood" if r.as_it_stood else "[green]PASS[/]") if r.compliant else "[red]FAIL[/]",
             "yes" if r.converged else f"[yellow]no[/] ({r.status or 'no run_stop'})",
             f"{r.samples_to_converge:,}" if r.samples_to_converge is not None else "-",
             f"{r.minutes:.3f}" if r.minutes is not None else "-",
@@ -279,11 +355,37 @@ def print_report(report: Report, console) -> None:
                       f"{_rcp_numbers(rcp)}", highlight=False)
     elif report.rcp_note:
         console.print(f"RCP: not checked ({report.rcp_note})", highlight=False)
+    if report.ruleset_history:
+        console.print(f"ruleset: {escape(report.ruleset_history)}", highlight=False)
     for note in report.notes:
         console.print(f"note: {escape(note)}", highlight=False)
-    for r in report.runs:  # doubts the official checker does not share: published, accepted logs have them
-        for warning in r.warnings:
-            console.print(f"[yellow]warning:[/] {escape(r.file)} {escape(warning)}", highlight=False)
+    by_reason: dict[str, list[str]] = {}
+    for r in report.runs:
+        if r.as_it_stood:
+            by_reason.setdefault(r.as_it_stood, []).append(r.file)
+    for reason, files in by_reason.items():
+        console.print(f"note: {escape(', '.join(files))}: {escape(reason)}", highlight=False)
+    # doubts the official checker does not share (published, accepted logs have them), one line per doubt
+    for warning, files in _by_text(report.runs, "warnings").items():
+        console.print(f"[yellow]warning:[/] {escape(', '.join(files))} {escape(warning)}", highlight=False)
+    for warning in report.warnings:
+        console.print(f"[yellow]warning:[/] {escape(warning)}", highlight=False)
+    # bertctl's own checks: each a failure the official checker does not find
+    for failure, files in _by_text(report.runs, "failures").items():
+        console.print(f"[red]fails:[/] {escape(', '.join(files))} {escape(failure)}", highlight=False)
     for problem in report.problems:
         console.print(f"[red]problem:[/] {escape(problem)}", highlight=False)
+    if report.stricter:
+        verdict = "passes" if report.package_view_passed else "fails"
+        console.print(f"stricter than the package checker: it {verdict} this set; bertctl's own checks find "
+                      f"{len(report.stricter)} more problem(s) above", highlight=False)
     console.print("[green]PASSED[/]" if report.passed else "[red]FAILED[/]")
+
+
+def _by_text(runs: list[RunVerdict], field_name: str) -> dict[str, list[str]]:
+    """{one warning or failure: the runs that have it}, in the runs' order."""
+    grouped: dict[str, list[str]] = {}
+    for r in runs:
+        for text in getattr(r, field_name):
+            grouped.setdefault(text, []).append(r.file)
+    return grouped

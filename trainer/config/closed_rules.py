@@ -4,6 +4,9 @@ words of the document it comes from.
 `CLOSED_RULES` is the one place these rules live. `RunConfig.closed_division_problems` applies them, so a
 closed-division run is refused the same way by `bertctl render`/`submit` (the cluster file's run) and by
 the trainer at start (a run.yaml edited by hand): one line naming the key, the rule and what it allows.
+Where a result log shows a rule (`ClosedRule.logged`: its MLPerf key), `bertctl compliance-check` holds a
+closed log to the same rule (orchestrator/results/closed_log.py), so any log, ours or another's, is judged
+by the rules its configuration was.
 
 The official checker checks almost none of this (its closed_bert.yaml only asks for LAMB's keys and an
 `eval_accuracy` of at least 0.720; the value of every hyperparameter key is never read), so a log of a
@@ -16,7 +19,8 @@ hyperparameter table, row bert/lamb), and how the maths runs (precision, kernels
 
 A rule marked `scale` fixes the size of the problem. `mlperf.waive_scale_rules: true` waives those, and
 only those, for a small model that logs as closed so that the official checker applies its closed rules
-(the tests' tiny closed runs); such a run is never a result.
+(the tests' tiny closed runs); such a run is never a result: its log says so (`WAIVER_KEY`), and
+compliance-check and package refuse it.
 
 Torch-free: the orchestrator imports it.
 """
@@ -35,6 +39,10 @@ BERT_ROUNDS = ("v0.7", "v1.0", "v1.1", "v2.0", "v2.1", "v3.0", "v3.1", "v4.0", "
 # opt_lamb_epsilon, opt_lamb_beta_1/2 and opt_lamb_weight_decay_rate. Anything else, Samsung's ADAM run
 # included, is open division.
 CLOSED_OPTIMIZERS = ("lamb",)
+
+# What a run with mlperf.waive_scale_rules logs (true) before init_stop: a rehearsal, never a result. The
+# official checker ignores keys it does not know; bertctl's compliance-check and package refuse the run.
+WAIVER_KEY = "bertctl_waive_scale_rules"
 
 # The BERT reference and the rules documents the sources below quote.
 REF_README = "mlcommons/training language_model/tensorflow/bert/README.md"
@@ -88,6 +96,21 @@ def rules_first_eval() -> Requirement:
 
 
 @dataclass(frozen=True)
+class Logged:
+    """How a result log shows a rule: the MLPerf key, and what the rule allows there (the rule's own
+    requirement unless the log states it another way, e.g. the schedule as its decay power)."""
+
+    key: str
+    requirement: Requirement | None = None
+
+
+def any_case(*names: str) -> Requirement:
+    """A name the logs spell in either case (tinycorp's published logs say LAMB)."""
+    return Requirement(allows=lambda cfg: " or ".join(names) + " (any case)",
+                       holds=lambda value, cfg: isinstance(value, str) and value.lower() in names)
+
+
+@dataclass(frozen=True)
 class ClosedRule:
     key: str                  # the RunConfig key it fixes (dotted)
     rule: str                 # its name, as the refusal says it
@@ -95,6 +118,11 @@ class ClosedRule:
     since: str                # the first round of BERT it applies to (one of BERT_ROUNDS)
     source: str               # the document, and the words this rule enforces
     scale: bool = False       # fixes the problem's size: waived by mlperf.waive_scale_rules
+    logged: Logged | None = None  # the log's key that shows it, checked by compliance-check
+
+    def applies_in(self, bert_round: str) -> bool:
+        """Did this rule hold in that round ("v2.1")?"""
+        return bert_round in BERT_ROUNDS and BERT_ROUNDS.index(bert_round) >= BERT_ROUNDS.index(self.since)
 
     def value(self, cfg: Any) -> Any:
         node = cfg
@@ -118,11 +146,12 @@ CLOSED_RULES: tuple[ClosedRule, ...] = (
     ClosedRule("model.vocab_size", "BERT-large model", equal_to(30522), "v0.7", BERT_LARGE, scale=True),
     ClosedRule("data.max_seq_length", "sequence length 512", equal_to(512), "v0.7",
                f"{REF_README}: create_pretraining_data.py --max_seq_length=512 (the training and evaluation data)",
-               scale=True),
+               scale=True, logged=Logged("max_sequence_length")),
     ClosedRule("data.max_predictions_per_seq", "76 masked positions", equal_to(76), "v0.7",
                f"{REF_README}: create_pretraining_data.py --max_predictions_per_seq=76 --masked_lm_prob=0.15",
-               scale=True),
-    ClosedRule("data.eval_samples", "10,000-sample evaluation set", equal_to(10000), "v0.7", EVAL_SET, scale=True),
+               scale=True, logged=Logged("max_predictions_per_seq")),
+    ClosedRule("data.eval_samples", "10,000-sample evaluation set", equal_to(10000), "v0.7", EVAL_SET, scale=True,
+               logged=Logged("eval_samples")),
     ClosedRule("data.eval_dir", "10,000-sample evaluation set", given("a folder holding the 10,000-sample evaluation set"),
                "v0.7", EVAL_SET),
     ClosedRule("train.eval_every_samples", "evaluation cadence", rules_cadence(), "v1.0", CADENCE, scale=True),
@@ -135,9 +164,11 @@ CLOSED_RULES: tuple[ClosedRule, ...] = (
                "training_1.0.0-5.0.0 closed_bert.yaml: eval_accuracy >= 0.720"),
     ClosedRule("optim.name", "LAMB optimizer", equal_to(*CLOSED_OPTIMIZERS), "v0.7",
                f"{TRAINING_RULES}, hyperparameter table, row bert: optimizer lamb; free: global batch size, base LR, "
-               "epsilon, LR-decay steps, warmup steps, beta1/beta2, weight decay"),
+               "epsilon, LR-decay steps, warmup steps, beta1/beta2, weight decay",
+               logged=Logged("opt_name", any_case(*CLOSED_OPTIMIZERS))),
     ClosedRule("optim.schedule", "reference LR schedule", equal_to("nvidia"), "v0.7",
-               f"{REF_OPTIMIZATION}: linear warmup, then polynomial decay (power 1.0) to 0 over num_train_steps"),
+               f"{REF_OPTIMIZATION}: linear warmup, then polynomial decay (power 1.0) to 0 over num_train_steps",
+               logged=Logged("opt_lamb_learning_rate_decay_poly_power", equal_to(1.0))),
     ClosedRule("optim.lr_max_steps", "reference LR schedule", same_as_max_steps(), "v0.7",
                f"{TRAINING_RULES}, hyperparameter table: the LR-decay steps are one value, logged as "
                "opt_learning_rate_training_steps"),

@@ -1,0 +1,327 @@
+"""bertctl's checks on what a run and a set claim to be, beyond one log's events (resultlog.py).
+
+Per run (`run_findings`):
+- counted accuracy: MLPerf's 10,000-sample evaluation set has 428,235 masked tokens, and most
+  implementations log each accuracy as correct tokens / 428,235 (to float32): 275 of the 337 published
+  sets do so at every evaluation. Where most of a log's evaluations are such fractions, one that is not
+  was not counted: it was typed in.
+- samples per step: where tracked_stats gives a step with a sample count, the samples are the steps
+  times the global batch (or the global batch over the gradient accumulation, for implementations that
+  count micro-batches), within what packing varies.
+- the training rate per accelerator (`rate_findings`): samples to converge over the time to train, per
+  accelerator of the system description, stays under RATE_MARGIN times the fastest published result of
+  the accelerator's class (orchestrator/results/accepted.yaml); without a description, the whole run
+  stays under resultlog.MAX_SAMPLES_PER_S, and the report says which bound it used.
+
+Per set (`set_findings`): one system (platform, organisation, division), one recipe (every
+hyperparameter but the seed), no copies (two runs whose evaluation accuracies agree at every evaluation
+they share are one run). And `seeds`, the package checker's seed check: a seed in every run.
+
+Each is a failure unless a published, accepted result shows it: then a warning naming that round and
+set (accepted.py). None of these is checked by the official tools.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from orchestrator.results import accepted, resultlog
+
+# The masked tokens of MLPerf BERT's evaluation set (10,000 samples, at most 76 masked positions each):
+# every accuracy of 275 published sets of v0.7 to v5.0 is a whole number of them over this
+EVAL_MASKED_TOKENS = 428_235
+# accuracy x 428,235 is within this of a whole number when it is one: half a float32 step below 1.0
+# (2^-25) times 428,235 is 0.013, and Intel-HabanaLabs' logs, rounded a few times, are off by up to 0.024
+COUNT_TOLERANCE = 0.03
+# A log is counted when at least three quarters of its evaluations (and three) are whole counts: by chance
+# a value is one 6 % of the time, and no published log that does not count has more than 40 % of them
+COUNTED_SHARE = 0.75
+COUNTED_MIN = 3
+COUNTED_ACCURACY = "counted accuracy"
+# samples / (step x global batch): 0.944 to 1.001 in every published log that gives both (packing varies
+# the sequences per step; the last step is partial)
+SAMPLES_PER_STEP = (0.9, 1.01)
+SAMPLES_PER_STEP_RULE = "samples per step"
+# The fastest published result per accelerator of a class rose at most 2.2 times from one round to the
+# next (A100 from v0.7 to v1.0): three times the fastest is more than any software gain seen
+RATE_MARGIN = 3.0
+# Runs sharing this many evaluations, all equal to the logged digits and not all one value, are one run
+COPY_MIN_EVALS = 2
+COPY_RULE = "one run counted twice"
+# The NVIDIA reference's default platform: a run that kept it names no system (v1.1 Lenovo's accepted
+# SR670v2_8xA100-PCIe-80GB-300W set logs it in 5 of 10 runs, with the reference's org, NVIDIA)
+PLACEHOLDER_PLATFORM = "SUBMISSION_PLATFORM_PLACEHOLDER"
+PLACEHOLDER_SET = "v1.1 Lenovo/SR670v2_8xA100-PCIe-80GB-300W"
+# Hyperparameters published, accepted sets vary between runs: the per-device batch, with the global batch
+# fixed (v2.1 Intel/8-nodes-SPR-pytorch: 64 in nine runs, 32 in one)
+VARYING_ACCEPTED = {"d_batch_size": "v2.1 Intel/8-nodes-SPR-pytorch"}
+# Not hyperparameters: the seed, what the system says about itself (checked as one system), and values
+# of no recipe (the time a run ended, the file it read)
+NOT_RECIPE = {"seed", "submission_org", "submission_platform", "submission_division", "submission_status",
+              "submission_benchmark", "submission_poc_name", "submission_poc_email", "run_final", ""}
+SEED_CHECK_RULESETS = ("1.0.0", "1.1.0", "2.0.0", "2.1.0", "3.0.0", "3.1.0", "4.0.0", "4.1.0", "5.0.0")
+
+
+@dataclass
+class Findings:
+    """What bertctl's checks say about runs (by file name) and about the set."""
+
+    failures: dict[str, list[str]] = field(default_factory=dict)
+    warnings: dict[str, list[str]] = field(default_factory=dict)
+    problems: list[str] = field(default_factory=list)  # the set fails
+    set_warnings: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def fail(self, run: str, why: str) -> None:
+        self.failures.setdefault(run, []).append(why)
+
+    def warn(self, run: str, why: str) -> None:
+        self.warnings.setdefault(run, []).append(why)
+
+    def excusable(self, run: str, s, rule: str, why: str) -> None:
+        """A failure, or a warning naming the published log accepted with this break."""
+        known = accepted.accepted_log(s.sha256)
+        if known and known.excuses(rule):
+            self.warn(run, known.warning(rule, why))
+        else:
+            self.fail(run, why)
+
+    def merge(self, other: "Findings") -> "Findings":
+        for run, whys in other.failures.items():
+            self.failures.setdefault(run, []).extend(whys)
+        for run, whys in other.warnings.items():
+            self.warnings.setdefault(run, []).extend(whys)
+        self.problems += other.problems
+        self.set_warnings += other.set_warnings
+        self.notes += other.notes
+        return self
+
+
+def name(s) -> str:
+    return Path(s.file).name
+
+
+def whole(s) -> bool:
+    """A log that passed resultlog's rules and holds a whole run: the ones these checks read."""
+    return not s.problem and not s.incomplete
+
+
+# ---- one run
+
+
+def run_findings(summaries: list) -> Findings:
+    found = Findings()
+    for s in summaries:
+        if whole(s):
+            counted_accuracy(s, found)
+            samples_per_step(s, found)
+    return found
+
+
+def counted_accuracy(s, found: Findings) -> None:
+    evals = [(line, acc) for line, (samples, acc) in zip(s.eval_lines, s.evals) if samples]
+    counted = [abs(acc * EVAL_MASKED_TOKENS - round(acc * EVAL_MASKED_TOKENS)) < COUNT_TOLERANCE for _, acc in evals]
+    if sum(counted) < max(COUNTED_MIN, COUNTED_SHARE * len(evals)) or all(counted):
+        return
+    typed = [(line, acc) for (line, acc), c in zip(evals, counted) if not c]
+    shown = ", ".join(f"{acc!r} (line {line})" for line, acc in typed[:3])
+    found.excusable(name(s), s, COUNTED_ACCURACY,
+                    f"eval_accuracy {shown}: not a count of correct tokens over the evaluation set's "
+                    f"{EVAL_MASKED_TOKENS:,} masked tokens, as the log's other {sum(counted)} of {len(evals)} are: "
+                    "not computed by the evaluation")
+
+
+def samples_per_step(s, found: Findings) -> None:
+    gbs = s.global_batch_size
+    accumulation = _number(s.values.get("gradient_accumulation_steps", [None])[0]) or 1
+    if not gbs or not s.steps:
+        return
+    low, high = SAMPLES_PER_STEP
+    for line, step, samples in s.steps:
+        if step <= 0:
+            continue
+        ratios = [samples / (step * gbs), samples * accumulation / (step * gbs)]
+        if not any(low <= r <= high for r in ratios):
+            found.excusable(name(s), s, SAMPLES_PER_STEP_RULE,
+                            f"tracked_stats on line {line}: {samples:,.0f} samples at step {step:,.0f} of global batch "
+                            f"{gbs:,} is {ratios[0]:.3f} batches per step, not 1 (published logs: 0.944 to 1.001)")
+            return
+
+
+def rate_findings(summaries: list, system: dict | None, where: str | None) -> Findings:
+    """The training rate per accelerator against the fastest published result of the accelerator's class."""
+    found = Findings()
+    accelerators, model = _accelerators(system)
+    if not accelerators:
+        why = f"{where} describes no accelerators" if system is not None else f"no system description ({where})"
+        found.notes.append(f"rate bound: {why}, so each run's whole rate is held to "
+                           f"{resultlog.MAX_SAMPLES_PER_S:,} samples/s (13 times the fastest published BERT run)")
+        return found
+    fastest = accepted.fastest(model)
+    if fastest is None:
+        fastest = accepted.fastest_of_all()
+        found.notes.append(f"rate bound: no published BERT result has a {model}; the bound is {RATE_MARGIN:g} x the "
+                           f"fastest of any accelerator ({fastest.accelerator_class}, {fastest.rate:,.0f} samples/s per "
+                           f"accelerator, {fastest.set})")
+    else:
+        found.notes.append(f"rate bound: {RATE_MARGIN:g} x the fastest published {fastest.accelerator_class} result "
+                           f"({fastest.rate:,.0f} samples/s per accelerator, {fastest.set}), for {accelerators} x {model} "
+                           f"({where})")
+    bound = RATE_MARGIN * fastest.rate
+    for s in summaries:
+        samples, minutes = s.samples_to_converge, s.minutes
+        if not (whole(s) and samples and minutes and minutes > 0):
+            continue
+        rate = samples / (minutes * 60.0) / accelerators
+        if rate > bound:
+            found.fail(name(s), f"{samples:,} samples in {minutes * 60:,.1f} s on {accelerators} x {model} is {rate:,.0f} "
+                                f"samples/s per accelerator: more than {RATE_MARGIN:g} x the fastest published "
+                                f"{fastest.accelerator_class} result ({fastest.rate:,.0f}, {fastest.set})")
+    return found
+
+
+def _accelerators(system: dict | None) -> tuple[int, str]:
+    if not system:
+        return 0, ""
+    nodes, per_node = _number(system.get("number_of_nodes")), _number(system.get("accelerators_per_node"))
+    model = str(system.get("accelerator_model_name") or "")
+    if not nodes or not per_node or not model:
+        return 0, model
+    return int(nodes) * int(per_node), model
+
+
+def _number(value) -> float | None:
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return None
+    return number if number == number and abs(number) != float("inf") else None
+
+
+# ---- the set
+
+
+def set_findings(summaries: list) -> Findings:
+    found = Findings()
+    runs = [s for s in summaries if whole(s)]
+    one_system(runs, found)
+    one_recipe(runs, found)
+    copies(runs, found)
+    return found
+
+
+def package_division(logged: str | None, system: dict | None) -> str | None:
+    """The division the package checker judges a set by (its seed and RCP checks): the system
+    description's, where there is one; else what the logs say."""
+    described = (system or {}).get("division")
+    return described if described in ("closed", "open") else logged
+
+
+def division_findings(logged: str | None, system: dict | None, where: str) -> Findings:
+    """The logs and the system description name one division. Logs that say closed in an open submission
+    claim less than they are judged by (warned); logs that say open in a closed one would escape the
+    closed target the checker applies by the log's word (failed)."""
+    found = Findings()
+    described = (system or {}).get("division")
+    if described not in ("closed", "open") or logged in (None, described):
+        return found
+    why = f"the logs say {logged}, {where} says {described}: the package checker judges the set as {described}"
+    if described == "open":
+        found.set_warnings.append(f"{why}; the logs' closed rules are checked too (accepted so: v2.1 "
+                                  "Intel/16-nodes-SPR-pytorch-open)")
+    else:
+        found.problems.append(f"{why}, but the official checker holds each log to the {logged} division's rules "
+                              "(no target accuracy in the open division)")
+    return found
+
+
+def one_system(runs: list, found: Findings) -> None:
+    placeholder = [s for s in runs if PLACEHOLDER_PLATFORM in (s.platform or "")]
+    named = [s for s in runs if s not in placeholder]
+    if placeholder and named:
+        found.set_warnings.append(
+            f"{', '.join(name(s) for s in placeholder)} log the reference implementation's placeholder platform "
+            f"({placeholder[0].platform}, org {placeholder[0].org}): no system named; accepted so in {PLACEHOLDER_SET}")
+    for what, value in (("platform", lambda s: s.platform), ("organisation", lambda s: s.org),
+                        ("division", lambda s: s.division)):
+        pool = named if what != "division" else runs
+        seen = _by_value(pool, value)
+        if len(seen) > 1:
+            found.problems.append(f"the runs name {len(seen)} {what}s ({_shown(seen)}): one set is one system's "
+                                  "runs")
+
+
+def one_recipe(runs: list, found: Findings) -> None:
+    keys = sorted({k for s in runs for k in s.values} - NOT_RECIPE)
+    for key in keys:  # among the runs that log it: a key left out is the official checker's to judge
+        seen = _by_value([s for s in runs if key in s.values],
+                         lambda s, key=key: json.dumps(sorted({json.dumps(v, sort_keys=True) for v in s.values[key]})))
+        if len(seen) <= 1:
+            continue
+        shown = {", ".join(json.loads(v)): files for v, files in seen.items()}
+        why = f"the runs log {len(seen)} values of {key} ({_shown(shown)}): a set's runs share every hyperparameter but the seed"
+        if key in VARYING_ACCEPTED:
+            found.set_warnings.append(f"{why}; accepted so in {VARYING_ACCEPTED[key]}")
+        else:
+            found.problems.append(why)
+
+
+def copies(runs: list, found: Findings) -> None:
+    for i, a in enumerate(runs):
+        for b in runs[i + 1:]:
+            first, second = [acc for _, acc in a.evals], [acc for _, acc in b.evals]
+            shared = min(len(first), len(second))
+            if shared >= COPY_MIN_EVALS and first[:shared] == second[:shared] and len(set(first[:shared])) > 1:
+                why = (f"{name(b)} and {name(a)} log the same {shared} evaluation accuracies ({first[0]!r}, ..., "
+                       f"{first[shared - 1]!r}): one run counted twice, not two runs")
+                known = [accepted.accepted_log(s.sha256) for s in (a, b)]
+                if all(k and k.excuses(COPY_RULE) for k in known):
+                    found.set_warnings.append(known[0].warning(COPY_RULE, why))
+                else:
+                    found.problems.append(why)
+
+
+def seeds(summaries: list, ruleset: str, division: str | None, found: Findings) -> None:
+    """The package checker's seed check: every run of a closed set (rulesets 1.0.0 on) logs a seed."""
+    if division != "closed" or ruleset not in SEED_CHECK_RULESETS:
+        return
+    missing = [name(s) for s in summaries if not s.problem and "seed" not in s.keys]
+    if missing:
+        found.problems.append(f"{len(missing)} run(s) log no seed ({', '.join(missing[:4])}"
+                              f"{', ...' if len(missing) > 4 else ''}): the package checker's seed check fails a "
+                              f"closed set from ruleset 1.0.0 on")
+
+
+def _by_value(runs: list, value) -> dict:
+    seen: dict = {}
+    for s in runs:
+        seen.setdefault(value(s), []).append(name(s))
+    return seen
+
+
+def _shown(seen: dict) -> str:
+    return "; ".join(f"{v if v is not None else 'none'} in {', '.join(files[:3])}{', ...' if len(files) > 3 else ''}"
+                     for v, files in seen.items())
+
+
+def system_description(rs) -> tuple[dict | None, str]:
+    """The set's system description and where it is: an experiment's recorded cluster.yaml (with the nodes
+    its runs used), or the submission tree's ORG/systems/SYSTEM.json beside ORG/results/SYSTEM/bert."""
+    if rs.experiment is not None:
+        cluster = rs.cluster_config or {}
+        system = cluster.get("system")
+        if not system:
+            return None, "the experiment's cluster.yaml has no system: section"
+        nodes = (cluster.get("resources") or {}).get("nodes") or system.get("number_of_nodes")
+        return {**system, "number_of_nodes": nodes}, "the experiment's cluster.yaml"
+    path = rs.directory.parent.parent.parent / "systems" / f"{rs.directory.parent.name}.json"
+    if rs.directory.name != "bert" or not path.is_file():
+        return None, "no systems/<system>.json beside the logs"
+    try:
+        data, _ = resultlog.read_bounded(path, 1024 * 1024, "system description")
+        described = json.loads(data)
+    except (resultlog.UserError, ValueError, RecursionError) as e:
+        return None, f"{path.name} is unreadable ({str(e)[:80]})"
+    return (described, f"systems/{path.name}") if isinstance(described, dict) else (None, f"{path.name} is no object")
