@@ -170,7 +170,8 @@ def check_data_verify(result, shown):
 
 def check_inspur(result, shown):
     data = json.loads(result.out)
-    assert result.code == 1 and not data["passed"]  # today's checker rejects the 2021 logs
+    # today's checker rejects the 2021 logs on a rule changed after v1.1 was published; by 1.1.0 as it stood they pass
+    assert result.code == 0 and data["passed"] and "weights_initialization required" in data["ruleset_history"]
     assert round(data["score_minutes"], 2) == 19.39
 
 
