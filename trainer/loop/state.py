@@ -29,6 +29,14 @@ class LoopState:
     accuracy: float | None = None
     status: str | None = None  # success | aborted, once decided
 
+    def report_due(self, step: "Step", every: int) -> bool:
+        """A progress line after every `every`-th applied update, and when the run has ended."""
+        return self.status is not None or (not step.skipped and self.updates % every == 0)
+
+    def checkpoint_due(self, step: "Step", every: int) -> bool:
+        """A checkpoint after every `every`-th applied update (0: on a signal only), none once the run has ended."""
+        return bool(every) and self.status is None and not step.skipped and self.updates % every == 0
+
 
 def first_state(cfg: RunConfig) -> LoopState:
     """Where a run that starts from the beginning starts: nothing trained, the first evaluation ahead."""

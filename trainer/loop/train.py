@@ -117,13 +117,13 @@ class Trainer:
                 with self.progress.paused():
                     self.evaluate()
             self.state.status = self.stop_decision()
-            if self.report_due(step):
+            if self.state.report_due(step, self.cfg.train.log_every_steps):
                 self.counts.settle()
                 self.progress(window, self.state)
                 window = []
                 if self.state.status is None and self.stop.agreed(self.device):
                     return self.checkpoint_and_exit()
-            if self.checkpoint_due(step):
+            if self.state.checkpoint_due(step, self.cfg.checkpoint.every_steps):
                 with self.progress.paused():
                     self.save_checkpoint()
         return self.finish()
@@ -212,14 +212,6 @@ class Trainer:
         if self.counts.samples_reach(t.max_samples_termination) or s.updates >= self.cfg.optim.max_steps:
             return "aborted"
         return None
-
-    def report_due(self, step: Step) -> bool:
-        every = self.cfg.train.log_every_steps
-        return self.state.status is not None or (not step.skipped and self.state.updates % every == 0)
-
-    def checkpoint_due(self, step: Step) -> bool:
-        every = self.cfg.checkpoint.every_steps
-        return bool(every) and self.state.status is None and not step.skipped and self.state.updates % every == 0
 
     def finish(self) -> int:
         self.counts.settle()
