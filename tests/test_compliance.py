@@ -207,3 +207,26 @@ def test_compliance_check_never_imports_torch(tmp_path):
                           env={**os.environ, "BERTCTL_HOME": str(tmp_path)})
     assert proc.stderr.strip().splitlines()[-1] == "0 False"
     assert json.loads(proc.stdout)["passed"] is True
+
+
+def test_a_packed_runs_blocks_of_varying_length_are_not_a_damaged_log(tmp_path):
+    """A packed run evaluates at the first step past each evaluation point (802, then 1,604 samples...), so the
+    block it opens after an evaluation is shorter than the interval by the overshoot: block_start's epoch_count
+    (the block's length) goes down and up while its first_epoch_num still only grows (the local recipe's packed
+    run on the CPU: 800, then 798). Only the counts of samples trained must never go back."""
+    from orchestrator.results.resultlog import parse
+
+    log = f.write_log(tmp_path / "result_0.txt")
+    lines = log.read_text().splitlines()
+    starts = [i for i, line in enumerate(lines) if '"key": "block_start"' in line]
+    assert len(starts) >= 3
+    prefix, _, body = lines[starts[1]].partition(":::MLLOG ")
+    event = json.loads(body)
+    event["metadata"]["epoch_count"] -= 2
+    lines[starts[1]] = prefix + ":::MLLOG " + json.dumps(event)
+    log.write_text("\n".join(lines) + "\n")
+    assert parse(log).problem_text is None
+    event["metadata"]["first_epoch_num"] = 0  # the block's start going back is still a damaged log
+    lines[starts[2]] = prefix + ":::MLLOG " + json.dumps(event)
+    log.write_text("\n".join(lines) + "\n")
+    assert "first_epoch_num 0 is below the previous" in parse(log).problem_text
