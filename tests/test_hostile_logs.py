@@ -125,8 +125,10 @@ def test_compliance_check_never_passes_a_damaged_log(case, valid_logs, tmp_path)
 
 
 def test_a_malformed_log_fails_a_ten_run_set_and_never_enters_the_score(tmp_path, monkeypatch):
-    """MLPerf drops one run that was judged; a malformed log was not (the official checker passes it):
-    the set fails, the score leaves its time out, and the official tools never read it."""
+    """MLPerf drops one run that was judged and failed; a malformed log passes the official checker (which
+    does not see the break), so the package checker would count it: bertctl fails the set, says it is
+    stricter, leaves the run's time out of the score, and still lets the official tools judge the log
+    (it reads in seconds) for the package checker's view."""
     from orchestrator.results import verdict
 
     logs = tmp_path / "logs"
@@ -140,11 +142,13 @@ def test_a_malformed_log_fails_a_ten_run_set_and_never_enters_the_score(tmp_path
     report = json.loads(result.out)
     assert result.code == 1 and report["passed"] is False and "FAILED" in result.err
     assert report["runs"][4]["minutes"] is None and report["dropped"] == ["result_4.txt"]
+    assert report["runs"][4]["compliant"] is False and report["runs"][4]["official"] is True
     kept = sorted(m for i, m in enumerate(f.EXAMPLE_MINUTES) if i != 4)
     assert report["score_minutes"] == pytest.approx(sum(kept[1:]) / 8, abs=1e-4)
-    assert report["problems"][-1].startswith("1 malformed log(s) (result_4.txt)")
-    assert report["rcp"] is None and report["official_score_minutes"] is None
-    assert sorted(p.name for p in handed) == [f"result_{i}.txt" for i in range(10) if i != 4]
+    assert report["problems"][-1].startswith("1 malformed log(s) (result_4.txt): their events break bertctl's rules "
+                                             "(result_4.txt line 508: time_ms ")
+    assert report["stricter"] == report["problems"] and report["package_checker_view"]["passed"] is True
+    assert report["rcp"]["pass"] is True and sorted(p.name for p in handed) == [f"result_{i}.txt" for i in range(10)]
 
 
 # ---- lies a set tells: one run counted twice

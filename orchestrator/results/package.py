@@ -161,12 +161,16 @@ def _move_into_place(staged: Path, org_dir: Path, system_id: str) -> None:
     os.replace(staged / "systems" / f"{system_id}.json", org_dir / "systems" / f"{system_id}.json")
 
 
-def check_package(org_dir: Path, ruleset: str) -> PackageVerdict:
-    """`python -m mlperf_logging.package_checker ORG_DIR training RULESET` and its verdict."""
+def check_package(org_dir: Path, ruleset: str, bert_train_samples: bool = False) -> PackageVerdict:
+    """`python -m mlperf_logging.package_checker ORG_DIR training RULESET` and its verdict.
+
+    `bert_train_samples`: the RCP check reads train_samples (--rcp-bert-train-samples), as the v1.x
+    rounds' submitters ran it for logs whose eval epoch_num counts epochs."""
     with tempfile.TemporaryDirectory(prefix="bertctl-pc-") as tmp:
         proc = subprocess.run(
             [sys.executable, "-m", "mlperf_logging.package_checker", str(org_dir.resolve()), "training", ruleset,
-             "--log_output", str(Path(tmp) / "package_checker.log")],
+             "--log_output", str(Path(tmp) / "package_checker.log")]
+            + (["--rcp-bert-train-samples"] if bert_train_samples else []),
             capture_output=True, text=True, cwd=tmp,
         )
     output = proc.stderr + proc.stdout

@@ -58,6 +58,7 @@ class RunSummary:
     steps: list[tuple[int, float, float]] = field(default_factory=list)
     eval_lines: list[int] = field(default_factory=list)  # the line of each of `evals`
     sha256: str | None = None  # of the log's bytes (orchestrator/results/accepted.py names published logs by it)
+    official_safe: bool = False  # the official tools can read the whole file in seconds (resultlog.ParsedLog)
 
     @property
     def last_accuracy(self) -> float | None:
@@ -177,7 +178,7 @@ def summarize(path: str | Path) -> RunSummary:
     summary.incomplete = log.incomplete()
     summary.warnings = [f"line {line}: {why}" for line, why in log.warnings]
     summary.events = len(log.events) + len(log.damaged) + (1 if log.problem else 0)
-    summary.sha256 = log.sha256
+    summary.sha256, summary.official_safe = log.sha256, log.official_safe
     for e in log.events:  # each one passed resultlog's rules: numbers are finite and well typed
         summary.keys.add(e.key)
         _absorb(summary, e.key, e.value, e.metadata, float(e.time_ms))

@@ -8,7 +8,8 @@
   them); at most one log may fail (the dropped run); the seed check (closed division, rulesets 1.0.0
   on); the RCP check with the round's sample source. `Report.package_view_passed` is that verdict.
 - with bertctl's own checks, which the official tools do not make: one log's events (resultlog.py: a
-  log that breaks them is never handed to the official tools, and fails the set outright), what a run
+  log that breaks them fails the set outright; the official tools still judge it for the package
+  checker's view where they can read it in seconds), what a run
   and a set claim to be (identity.py: counted accuracies, samples per step, the rate per accelerator,
   one system, one recipe, no copies), and the closed division read from the log (closed_log.py). A
   run that fails one of them counts as a failing run, as a non-compliant log does.
@@ -47,6 +48,9 @@ class RunVerdict:
     seed: int | None
     message: str  # the checker's messages in one line; empty when compliant
     checker_messages: list[str]
+    # the official checker's verdict alone (by the ruleset as it stood), also on a log bertctl's event rules
+    # fail; None where the official tools were not given it (beyond the size they read in seconds)
+    official: bool | None = None
     warnings: list[str] = field(default_factory=list)  # what bertctl doubts in a log the official checker passes
     failures: list[str] = field(default_factory=list)  # bertctl's own checks this run fails (identity, closed rules)
     as_it_stood: str | None = None  # why it passes by its ruleset as it stood, though today's checker fails it
@@ -136,7 +140,7 @@ def assess(rs, ruleset: str | None = None, werror: bool = False, with_score: boo
     if with_score:
         rs.require_runs(scoring.required_runs())
     chosen, reason = choose_ruleset(rs.directory, rs.first_time_ms, ruleset, rs.recorded_ruleset)
-    checks = [rulesets.as_it_stood(c, s.values, werror)
+    checks = [rulesets.as_it_stood(c, s.values, werror) if c else None
               for c, s in zip(_checks(rs, chosen, werror, check or check_logs), rs.summaries)]
     system, where = identity.system_description(rs)
     found = own_findings(rs, chosen, system, where)
@@ -147,10 +151,11 @@ def assess(rs, ruleset: str | None = None, werror: bool = False, with_score: boo
         runs=[_run_verdict(s, c, found) for s, c in zip(rs.summaries, checks)],
         ruleset_history=rulesets.history(chosen), notes=list(found.notes), warnings=list(found.set_warnings),
     )
-    crashed = [c for c in checks if c.crashed]
+    crashed = [c for c in checks if c and c.crashed]
     if crashed:  # not a verdict on the logs: the tool itself failed
         _package_problem(report, f"the compliance checker crashed on {len(crashed)} log(s): {crashed[0].messages[0]}")
-    malformed = [r.file for r, s in zip(report.runs, rs.summaries) if s.problem]
+    malformed = [(r.file, s.problem) for r, s in zip(report.runs, rs.summaries) if s.problem]
+    unread = [r.file for r in report.runs if r.official is None]
     seeds = identity.Findings()
     identity.seeds(rs.summaries, chosen, report.division, seeds)
     for problem in seeds.problems:
@@ -158,11 +163,12 @@ def assess(rs, ruleset: str | None = None, werror: bool = False, with_score: boo
     for problem in repeated_runs(rs) + found.problems:
         _own_problem(report, problem)
     if with_score:
-        _score(report, rs, skip_official=bool(malformed), summarizer=summarizer)
-    _judge(report, with_score, malformed)
+        _score(report, rs, skip_official=bool(unread), summarizer=summarizer)
+    _judge(report, with_score, [f for f, _ in malformed])
     if malformed:
-        _own_problem(report, f"{len(malformed)} malformed log(s) ({', '.join(malformed)}): bertctl's checks fail them before "
-                             "the official checker, and a malformed log cannot be the run olympic scoring drops")
+        (first, why), *_ = malformed
+        _own_problem(report, f"{len(malformed)} malformed log(s) ({', '.join(f for f, _ in malformed)}): their events break "
+                             f"bertctl's rules ({first} {why}), and a malformed log cannot be the run olympic scoring drops")
     return report
 
 
@@ -225,32 +231,38 @@ def own_problem(s) -> str | None:
     return s.problem or s.incomplete
 
 
-def _checks(rs, ruleset: str, werror: bool, check) -> list[CheckResult]:
-    """The official checker's verdict on every log whose events keep bertctl's rules (a run that did not
-    finish included: the checker fails it as the package checker would); ours on the others."""
-    judged = [f for f, s in zip(rs.files, rs.summaries) if not s.problem]
+def _checks(rs, ruleset: str, werror: bool, check) -> list[CheckResult | None]:
+    """The official checker's verdict on every log it can read in seconds (a run that did not finish, or
+    one that breaks bertctl's rules, included: the package checker would judge it too); None for the rest."""
+    judged = [f for f, s in zip(rs.files, rs.summaries) if s.official_safe]
     official = iter(check(judged, ruleset, werror))
-    return [CheckResult(str(f), ruleset, False, [f"malformed log (bertctl's checks): {s.problem}"])
-            if s.problem else next(official) for f, s in zip(rs.files, rs.summaries)]
+    return [next(official) if s.official_safe else None for s in rs.summaries]
 
 
-def _run_verdict(s, check: CheckResult, found: identity.Findings) -> RunVerdict:
+def _run_verdict(s, check: CheckResult | None, found: identity.Findings) -> RunVerdict:
+    """One run: the official checker's verdict, and bertctl's. A log that breaks bertctl's event rules is
+    not compliant whatever the checker says (`official` keeps what it says), and its message is the rule."""
     name = Path(s.file).name
+    official = check.compliant if check else None
+    if s.problem:
+        message = f"malformed log (bertctl's checks): {s.problem}"
+    else:
+        message = "" if check.compliant and not check.as_it_stood else check.summary
     return RunVerdict(
-        file=name, compliant=check.compliant, converged=s.converged, status=s.status,
+        file=name, compliant=bool(official) and not s.problem, converged=s.converged, status=s.status,
         minutes=s.minutes, samples_to_converge=s.samples_to_converge, samples_source=s.samples_source,
-        accuracy=s.last_accuracy, seed=s.seed, message="" if check.compliant and not check.as_it_stood else check.summary,
-        checker_messages=check.messages, warnings=list(s.warnings) + found.warnings.get(name, []),
+        accuracy=s.last_accuracy, seed=s.seed, message=message, checker_messages=check.messages if check else [],
+        official=official, warnings=list(s.warnings) + found.warnings.get(name, []),
         failures=found.failures.get(name, []) + ([f"incomplete: {s.incomplete}"] if s.incomplete and not s.problem else []),
-        as_it_stood=check.as_it_stood,
+        as_it_stood=check.as_it_stood if check else None,
     )
 
 
 def _score(report: Report, rs, skip_official: bool = False, summarizer: bool = True) -> None:
     report.score = scoring.olympic_score([(r.file, r.minutes, r.converged and not r.failures) for r in report.runs])
     if skip_official:
-        report.rcp_note = "not checked: a malformed log would reach the official parser"
-        report.notes.append("result_summarizer and RCP not run: they would read the malformed log(s)")
+        report.rcp_note = "not checked: the official parser would read a log too large for it"
+        report.notes.append("result_summarizer and RCP not run: a log is beyond what the official parser reads in seconds")
         return
     try:
         report.summarizer = scoring.summarizer_score(rs.directory, report.ruleset) if summarizer else None
@@ -278,8 +290,7 @@ def _judge(report: Report, with_score: bool, malformed: list[str] = ()) -> None:
     """What keeps the set from being a valid MLPerf result: the package checker's view (at most one log
     failing the official checker, the RCP check), then bertctl's (at most one run failing any check or
     not converged, and a score)."""
-    failing = [r.file for r in report.runs if not r.compliant]
-    ours = [r.file for r in report.runs if r.compliant and r.failures]
+    failing = [r.file for r in report.runs if not r.official]
     bad = [r.file for r in report.runs if not r.passed or not r.converged]
     allowed = MAX_BAD_RUNS if with_score else 0
     if len(failing) == len(report.runs) and failing:
@@ -288,9 +299,7 @@ def _judge(report: Report, with_score: bool, malformed: list[str] = ()) -> None:
         _package_problem(report, f"{len(failing)} log(s) fail the compliance checker ({', '.join(failing)}); "
                                  f"{'the package checker accepts at most 1' if with_score else 'every log must pass'}")
     elif len(bad) > allowed:
-        named = [f"{f} ({'fails ' + _first(report, f) if f in ours else 'did not converge' if f not in failing else 'fails the checker'})"
-                 for f in bad]
-        _own_problem(report, f"{len(bad)} run(s) fail or did not converge ({', '.join(named)}); "
+        _own_problem(report, f"{len(bad)} run(s) fail or did not converge ({', '.join(_why_bad(report, f) for f in bad)}); "
                              f"{'olympic scoring accepts at most 1' if with_score else 'every run must pass'}")
     elif bad and bad[0] not in malformed:
         report.notes.append(f"{bad[0]} fails or did not converge: accepted under olympic scoring as the dropped run")
@@ -304,8 +313,13 @@ def _judge(report: Report, with_score: bool, malformed: list[str] = ()) -> None:
             report.notes.append(f"{rcp.bypassed} (the check itself: {rcp.message}, {_rcp_numbers(rcp)})")
 
 
-def _first(report: Report, file: str) -> str:
-    return next(r.failures[0] for r in report.runs if r.file == file)
+def _why_bad(report: Report, file: str) -> str:
+    run = next(r for r in report.runs if r.file == file)
+    if not run.compliant:
+        return f"{file} (fails the {'checker' if run.official is False else 'rules of its events'})"
+    if run.failures:
+        return f"{file} (fails {run.failures[0]})"
+    return f"{file} (did not converge)"
 
 
 def _rcp_numbers(rcp) -> str:
