@@ -188,6 +188,9 @@ class RuntimeConfig(Section):
     step: Literal["auto", "fast", "reference"] = "auto"
     # the fast step's forward and backward replayed as CUDA graphs (torch.compile mode reduce-overhead)
     cuda_graph: bool = False
+    # FP8 GEMMs for the encoder's Linear layers through torchao.float8 (trainer/model/fp8.py): CUDA and bf16 here; a GPU
+    # of compute capability 8.9 or newer and a torchao that runs with the node's torch, checked before training
+    fp8: bool = False
     dense_seq_output: bool = True
     nccl_warmup_steps: int = Field(0, ge=0)
     init_loss_scale: float = Field(2.0**20, gt=0.0)
@@ -296,7 +299,7 @@ class RunConfig(Section):
                 f"{self.data.max_seq_length} exceeds model.max_position_embeddings ({self.model.max_position_embeddings})"))
         if self.mlperf.division == "closed":
             problems += self.closed_division_problems()
-        return problems + self.step_problems()
+        return problems + self.step_problems() + self.fp8_problems()
 
     @property
     def fast_step(self) -> bool:
@@ -327,6 +330,21 @@ class RunConfig(Section):
         if rt.device == "cuda" and rt.precision == "fp32":
             return [ConfigProblem("runtime.precision", "fp32 cannot run the flash kernel of runtime.step: fast on CUDA: "
                                                        f"set bf16 (or fp16), {fix}")]
+        return []
+
+    def fp8_problems(self) -> list[ConfigProblem]:
+        """What runtime.fp8 needs of the configuration; the node's GPU and torchao are checked where it runs
+        (trainer/model/fp8.py::fp8_problem)."""
+        rt, m, fix = self.runtime, self.model, "or set runtime.fp8: false"
+        if not rt.fp8:
+            return []
+        if rt.device != "cuda":
+            return [ConfigProblem("runtime.fp8", f"FP8 GEMMs need runtime.device: cuda (a GPU of compute capability 8.9 or newer), {fix}")]
+        if rt.precision != "bf16":
+            return [ConfigProblem("runtime.fp8", f"FP8 GEMMs run beside bf16, not {rt.precision}: set runtime.precision: bf16, {fix}")]
+        if m.hidden_size % 16 or m.intermediate_size % 16:
+            return [ConfigProblem("runtime.fp8", f"FP8 GEMMs need model.hidden_size ({m.hidden_size}) and model.intermediate_size "
+                                                 f"({m.intermediate_size}) to be multiples of 16, {fix}")]
         return []
 
     def closed_division_problems(self) -> list[ConfigProblem]:

@@ -46,6 +46,7 @@ from trainer.loop.warmup import warm_up
 from trainer.mlperf import RunLogger, logged_run_stop
 from trainer.model.bert import BertForPreTraining
 from trainer.model.compiled import CompileFailed
+from trainer.model.fp8 import to_fp8_training
 from trainer.model.weights import WeightsError, load_pretrained_file, tf_variable_names
 from trainer.optim import build_optimizer, learning_rate, loss_scale, mlperf_keys, set_learning_rate, take_step
 from trainer.parallel import distributed
@@ -278,6 +279,8 @@ def build_model(cfg: RunConfig, device: torch.device) -> BertForPreTraining:
                                compile_fallback=cfg.runtime.compile_fallback == "eager")
     if cfg.train.init_checkpoint:
         load_pretrained_file(model, expand_path(cfg.train.init_checkpoint))
+    if cfg.runtime.fp8:  # the encoder's GEMMs in FP8; the swapped layers keep their parameters and names
+        to_fp8_training(model)
     return model.to(device).train()
 
 

@@ -85,11 +85,22 @@ class BertSelfAttention(nn.Module):
     def fused_qkv_attention(self, x: torch.Tensor, batch: Batch, dropout: float) -> torch.Tensor:
         """Q, K and V from one GEMM ([T, H] x [H, 3H]) over weights concatenated per call: the
         parameters keep Hugging Face's names and shapes (query, key, value), and the concatenation,
-        3H x H, is small beside the [T, 3H] activations it spares two extra reads of x for."""
-        weight = torch.cat([self.query.weight, self.key.weight, self.value.weight])
-        bias = torch.cat([self.query.bias, self.key.bias, self.value.bias])
-        q, k, v = F.linear(x, weight, bias).view(-1, 3, self.heads, self.head_dim).unbind(1)
+        3H x H, is small beside the [T, 3H] activations it spares two extra reads of x for. Swapped
+        layers (FP8: trainer/model/fp8.py) are called one by one, each GEMM theirs."""
+        projections = (self.query, self.key, self.value)
+        if not all(map(plain, projections)):
+            q, k, v = (proj(x).view(-1, self.heads, self.head_dim) for proj in projections)
+        else:
+            weight = torch.cat([p.weight for p in projections])
+            bias = torch.cat([p.bias for p in projections])
+            q, k, v = F.linear(x, weight, bias).view(-1, 3, self.heads, self.head_dim).unbind(1)
         return packed_attention(q, k, v, batch.cu_seqlens, batch.max_seqlen, dropout).reshape(x.shape)
+
+
+def plain(linear: nn.Module) -> bool:
+    """Whether a fused path may take this layer's weights and run its GEMM itself: a plain nn.Linear. A
+    subclass (torchao's FP8 Linear, runtime.fp8) is called instead, so its GEMM is its own."""
+    return type(linear) is nn.Linear
 
 
 class Pointwise:
@@ -171,7 +182,7 @@ class BertSelfOutput(nn.Module):
         self.pointwise = pointwise
 
     def forward(self, x, residual):
-        if self.pointwise.compiled:
+        if self.pointwise.compiled and plain(self.dense):
             return self.pointwise.bias_dropout_residual_layer_norm(
                 F.linear(x, self.dense.weight), self.dense.bias, residual, self.LayerNorm, self.dropout.p, self.training)
         return self.LayerNorm(dropout(self.dense(x), self.dropout.p, self.training) + residual)
@@ -194,7 +205,7 @@ class BertIntermediate(nn.Module):
         self.pointwise = pointwise
 
     def forward(self, x):
-        if self.pointwise.compiled:
+        if self.pointwise.compiled and plain(self.dense):
             return self.pointwise.bias_gelu(F.linear(x, self.dense.weight), self.dense.bias)
         return F.gelu(self.dense(x))
 

@@ -13,6 +13,7 @@ from trainer.config import RunConfig, RuntimeConfig
 from trainer.launch.dist_env import DistEnv, detect
 from trainer.model.apex_kernels import apex_missing
 from trainer.model.attention import AttentionUnavailable, check_attention
+from trainer.model.fp8 import fp8_problem
 
 _group_created = False  # set once this process has joined a process group (see exit_process)
 
@@ -79,6 +80,8 @@ def check_kernels(runtime: RuntimeConfig, device: torch.device) -> None:
         check_attention(runtime.attention, device.type, runtime.precision)
     except AttentionUnavailable as e:
         raise LaunchError(str(e)) from None
+    if runtime.fp8 and (problem := fp8_problem(device)):  # the GPU's FP8 tensor cores, and a torchao that runs with this torch
+        raise LaunchError(problem)
 
 
 def all_reduce_sum(t: torch.Tensor) -> torch.Tensor:
