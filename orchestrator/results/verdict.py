@@ -33,6 +33,7 @@ from orchestrator.results.compliance import BENCHMARK, CheckResult, check_logs, 
 # The package checker accepts one non-compliant run "under olympic scoring"; the result summarizer
 # counts it as the dropped slowest.
 MAX_BAD_RUNS = 1
+MALFORMED = "malformed log (bertctl's checks): "
 
 
 @dataclass
@@ -245,7 +246,7 @@ def _run_verdict(s, check: CheckResult | None, found: identity.Findings) -> RunV
     name = Path(s.file).name
     official = check.compliant if check else None
     if s.problem:
-        message = f"malformed log (bertctl's checks): {s.problem}"
+        message = MALFORMED + s.problem
     else:
         message = "" if check.compliant and not check.as_it_stood else check.summary
     return RunVerdict(
@@ -315,8 +316,10 @@ def _judge(report: Report, with_score: bool, malformed: list[str] = ()) -> None:
 
 def _why_bad(report: Report, file: str) -> str:
     run = next(r for r in report.runs if r.file == file)
+    if run.message.startswith(MALFORMED):
+        return f"{file} ({run.message[len(MALFORMED):]})"
     if not run.compliant:
-        return f"{file} (fails the {'checker' if run.official is False else 'rules of its events'})"
+        return f"{file} (fails the checker)"
     if run.failures:
         return f"{file} (fails {run.failures[0]})"
     return f"{file} (did not converge)"
