@@ -111,13 +111,34 @@ def train(recipe: Path, out: Path) -> int:
     return train_and_say(recipe, out)[0]
 
 
-def train_and_say(recipe: Path, out: Path) -> tuple[int, str]:
-    """One trainer run in this process: its exit code and what it wrote on stderr."""
+def train_and_say(recipe: Path, out: Path, limit_s: int = 0) -> tuple[int, str]:
+    """One trainer run in this process: its exit code and what it wrote on stderr. With `limit_s`, a run that takes
+    longer (one blocked on a FIFO) ends in a Hang."""
     from trainer.loop.entry import main
 
     err = io.StringIO()
-    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err):
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err), time_limit(limit_s):
         return main(["--config", str(recipe), "--out", str(out), "--seed", SEED]), err.getvalue()
+
+
+class Hang(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def time_limit(seconds: int):
+    """SIGALRM after `seconds` (0: none) raises Hang in this thread, even inside a blocking open()."""
+    def expire(signum, frame):
+        raise Hang(f"still running after {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, expire) if seconds else None
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        if seconds:
+            signal.signal(signal.SIGALRM, previous)
 
 
 def reference_run(work: Path) -> tuple[Path, Path]:
@@ -248,6 +269,7 @@ class Edit:
 
 
 LOG = "results/result_0.txt"
+EDIT_LIMIT_S = 120  # a resume of the tiny run takes seconds: one still running after this is a hang
 CHECKPOINTS = "checkpoints/run_0"
 
 
@@ -382,13 +404,13 @@ def run_edit(edit: Edit, crash: Crash, recipe: Path, reference: Path, log: bytes
         result = rebuild(crash, reference, log, folder)
         edit.apply(folder)
         if edit.names is None:
-            code, said = train_and_say(recipe, folder)
+            code, said = train_and_say(recipe, folder, EDIT_LIMIT_S)
             return (judge(result, expected) if code == 0 else f"different: exit {code}"), said.strip()
         before = snapshot(folder)
-        code, said = train_and_say(recipe, folder)
+        code, said = train_and_say(recipe, folder, EDIT_LIMIT_S)
         lines = said.strip().splitlines()
         if code == 0:
-            return "accepted: it trained on", said.strip()
+            return f"accepted: it trained on, and the log is {judge(result, expected)}", said.strip()
         if "Traceback" in said:
             return "traceback", lines[-1] if lines else ""
         if snapshot(folder) != before:
@@ -397,6 +419,8 @@ def run_edit(edit: Edit, crash: Crash, recipe: Path, reference: Path, log: bytes
         if code != 2 or len(lines) != 1 or named not in lines[0]:
             return f"unclear: exit {code}, {len(lines)} line(s)", said.strip()
         return "refused", lines[0].replace(str(folder), "RUN")
+    except Hang as e:
+        return f"hang: {e}", ""
     except Exception as e:  # noqa: BLE001 - a case that breaks is a count, not the end of the harness
         return f"traceback: {type(e).__name__}: {e}", ""
     finally:
@@ -410,7 +434,8 @@ def edited_states(recipe: Path, reference: Path, log: bytes, expected: list[tupl
     for edit in EDITS:
         verdict, said = run_edit(edit, crash, recipe, reference, log, expected, work)
         wrong += verdict != ("same" if edit.names is None else "refused")
-        lines.append(f"  {verdict.split(':')[0]:<10}{edit.name}: {said.splitlines()[0][:220] if said else verdict}")
+        shown = said.splitlines()[0][:220] if said and not verdict.startswith("accepted") else verdict
+        lines.append(f"  {verdict.split(':')[0]:<10}{edit.name}: {shown}")
     head = (f"edited states: {len(EDITS)} edits of the state a kill left ({crash.describe(log)}): "
             f"{len(EDITS) - wrong} as they should end (refused in one line naming the file, nothing changed; the "
             f"legitimate one resumed to the same log), {wrong} not")
@@ -507,22 +532,54 @@ def kill_moment_reached(moment: str, exp: str, job: int) -> bool:
 
 def killed_shell_case(moment: str, cluster: Path, expected: list[tuple]) -> tuple[str, str]:
     """Kill the job's shell at `moment`; what status and resume said while the trainer lived, how it ended, and the
-    resumed run's log against the reference's. Returns (verdict, what happened)."""
+    resumed run's log against the reference's. Returns (verdict, what happened). Whatever it left running (a second
+    job beside the first, a trainer that lingered) is stopped before the next case."""
+    started: list[int] = []
+    try:
+        return killed_shell_steps(moment, cluster, expected, started)
+    finally:
+        stop_everything(started)
+
+
+def stop_everything(pids: list[int]) -> None:
+    """SIGKILL to each process this case started or found that still runs as this harness's (its BERTCTL_HOME: a
+    pid that ended may be another's by now), and to the group it leads."""
+    for pid in [pid for pid in pids if ours(pid)]:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if os.getpgid(pid) == pid:
+                os.killpg(pid, signal.SIGKILL)
+            os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not any(ours(pid) for pid in pids), 10)
+
+
+def ours(pid: int) -> bool:
+    """Process `pid` lives and runs in this harness's BERTCTL_HOME (its environment says so)."""
+    try:
+        variables = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return alive(pid) and f"BERTCTL_HOME={os.environ['BERTCTL_HOME']}".encode() in variables
+
+
+def killed_shell_steps(moment: str, cluster: Path, expected: list[tuple], started: list[int]) -> tuple[str, str]:
     from orchestrator import experiments
     from orchestrator.errors import UserError
     from orchestrator.jobs import lifecycle
 
     exp, job = submit(cluster)
+    started.append(job)
     if not kill_moment_reached(moment, exp, job):
         return "different: the moment never came", ""
     trainer = trainer_of(job)
+    started += [trainer] if trainer is not None else []
     os.kill(job, signal.SIGKILL)
     killed = time.monotonic()
+    wait_for(lambda: not alive(job), 10)  # the signal is delivered, and init has reaped the shell
     said = []
     if trainer is not None and alive(trainer):
         state = view(exp).state.value
         try:
-            lifecycle.resume(experiments.find(exp))
+            started += [int(j) for j in lifecycle.resume(experiments.find(exp)).job_ids]
             refused = False
         except UserError:
             refused = True
@@ -539,16 +596,22 @@ def killed_shell_case(moment: str, cluster: Path, expected: list[tuple]) -> tupl
     if not wait_for(lambda: view(exp).state.value not in ("PENDING", "RUNNING"), 60, every=0.5):
         return "lingered: the job's session outlived its trainer", "; ".join(said)
     said.append(f"status then {view(exp).state.value}")
+    if view(exp).state.value == "COMPLETED":  # it finished its run before its next progress line: nothing to resume
+        return judge(experiments.find(exp).result_file(0), expected), "; ".join(said)
     resumed = bertctl("resume", exp)
+    started += [int(j) for j in experiments.find(exp).job_ids]
     if resumed.returncode:
         return f"lost: resume refused ({resumed.stderr.strip()[-200:]})", "; ".join(said)
     log = finished_log(exp)
     return (judge(log, expected) if log is not None else "lost: the resumed job never ended"), "; ".join(said)
 
 
-def killed_shells(recipe: Path, work: Path) -> tuple[list[str], int]:
-    """Every kill moment's line, and how many did not end as they should."""
+def killed_shells(work: Path) -> tuple[list[str], int]:
+    """Every kill moment's line, and how many did not end as they should. The recipe never reaches its target (it
+    stops at its step limit, after a dozen evaluations), so that each kill comes mid-run."""
     os.environ["BERTCTL_HOME"] = str(work / "home")
+    recipe = tiny_run_config(work / "recipe-killed-shell", world_size=1, batch_size=8,
+                             **{**RECIPE, "train": {**RECIPE["train"], "target_accuracy": 0.99}})
     cluster = local_cluster(work, recipe)
     started = time.time()
     reference_exp, _ = submit(cluster)
@@ -563,7 +626,7 @@ def killed_shells(recipe: Path, work: Path) -> tuple[list[str], int]:
         except Exception as e:  # noqa: BLE001 - a case that breaks is a count
             verdict, said = f"traceback: {type(e).__name__}: {e}", ""
         wrong += verdict != "same"
-        lines.append(f"  {verdict.split(':')[0]:<10}killed {moment}: {said}" + ("" if verdict == "same" else f" ({verdict})"))
+        lines.append(f"  {verdict.split(':')[0]:<15}killed {moment}: {said}" + ("" if verdict == "same" else f" ({verdict})"))
     head = (f"killed shells: {len(KILL_MOMENTS)} local jobs (the rendered script, the real trainer) whose shell got SIGKILL, "
             f"against an uninterrupted local job's log ({len(expected)} events): {len(KILL_MOMENTS) - wrong} resumed to the "
             f"same log, {wrong} not (the part took {time.time() - started:.0f} s)")
@@ -613,7 +676,7 @@ def main(argv: list[str] | None = None) -> int:
                   ", ".join(f"{moment} {kind} {n}" for (moment, kind), n in sorted(moments.items())))
         wrong = 0
         for part, run_part in (("edits", lambda: edited_states(recipe, reference, log, expected, work)),
-                               ("killed-shell", lambda: killed_shells(recipe, work))):
+                               ("killed-shell", lambda: killed_shells(work))):
             if part in parts:
                 lines, bad = run_part()
                 print("\n".join(lines), flush=True)
