@@ -5,8 +5,9 @@
 
 Stages, in the order a first contact with a GPU most needs them (benchmarks/gpu/stages.py says what
 each proves): a environment, b product (bertctl submit end to end, compliance included), c parity and
-attention backends, d bf16/fp16 steps with the overflow case, e throughput Hugging Face vs ours,
-f torchrun clip-mode runs and the steady-state sync count, g apex.
+attention backends, d bf16/fp16 steps with the overflow case, e throughput Hugging Face vs ours (FP8 and
+MLPerf's length mix included), f torchrun clip-mode runs and the steady-state sync count, g apex, h the profile,
+i the trainer's own rate, j attention kernels (cuDNN's SDPA measured), k FP8 against bf16 over 300 updates.
 
 Each stage runs in a child process with its own time limit and writes OUT/<key>_<name>.json the
 moment it ends (pass, fail with its one-line reason, or skip saying why); `--budget SECONDS` skips

@@ -20,10 +20,15 @@ stages; tests/test_gpu_suite.py runs the CPU-runnable ones at tiny shapes.
   sequence), bf16, in this one process, on the same packed batches (48 rows of at most 3 sequences per
   step, the H100 recipe's micro-batch): Hugging Face padded to 512 (SDPA), ours reference (runtime.step
   reference), and the fast step (trainer/loop/fast_step.py) added in turn: direct flash, + static compile,
-  + CUDA graph; sequences/s, MFU (real-token training FLOPs over the GPU's dense bf16 peak, named in the
-  output), peak memory, host and device milliseconds per step;
+  + CUDA graph, + the recipe's LAMB, + FP8 GEMMs (runtime.fp8); the recipe's step also at MLPerf's length mix;
+  sequences/s, MFU (real-token training FLOPs over the GPU's dense bf16 peak, named in the output), peak
+  memory, host and device milliseconds per step;
 - profile: torch.profiler over fast steps: the top ops by device time, the casts per step;
-- fp8: `torch._scaled_mm` against bf16 at the encoder's GEMM shapes, sizing what FP8 could save.
+- fp8: `torch._scaled_mm` against bf16 at the encoder's GEMM shapes, sizing what FP8 could save;
+- attention kernels: the packed flash operator against cuDNN's SDPA and PyTorch's other kernels on the
+  packed stream (dropout 0.1, forward and backward), each checked against the fp32 reference at dropout 0;
+- FP8 convergence: the recipe's step from one initialisation on one order of the sample dataset's batches,
+  in bf16 and with FP8 GEMMs: both loss curves, their ends within 1 %.
 """
 
 from __future__ import annotations
@@ -42,20 +47,22 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 import yaml
 
 from trainer.balance.algorithms import pack_sequences
 from trainer.config import ModelConfig, OptimConfig
 from trainer.data.batch import Capacity, collate, fixed_shape
 from trainer.data.histogram import sample_lengths
-from trainer.data.layout import Sample, write_shard
+from trainer.data.layout import Sample, Shard, write_shard
 from trainer.loop.fast_step import CompiledForward, device_counts
 from trainer.loop.progress import peak_tflops, synchronize
 from trainer.model.apex_kernels import apex_missing
 from trainer.model.attention import AttentionUnavailable, flash_attn_installed, varlen_attention
 from trainer.model.bert import BertForPreTraining, flops_per_sequence, pretraining_loss_sums
+from trainer.model.fp8 import fp8_problem, to_fp8_training, torchao_problem
 from trainer.model.weights import load_pretrained
-from trainer.optim import build_optimizer, take_step
+from trainer.optim import build_optimizer, learning_rate, set_learning_rate, take_step
 
 from .children import run as run_child
 
@@ -93,11 +100,11 @@ class Skip(Exception):
 # ---- inputs ----------------------------------------------------------------------------------
 
 def make_samples(n: int, rng: np.random.Generator, vocab: int, max_len: int = 512, max_pred: int = 76,
-                 masked_share: float | None = None) -> list[Sample]:
-    """Sequences with Wikipedia's length distribution, min(76, length - 2) masked each (the busiest case),
-    or with `masked_share` min(76, round(share x length)), as MLPerf's data (0.15)."""
+                 masked_share: float | None = None, lengths=None) -> list[Sample]:
+    """Sequences with Wikipedia's length distribution (or the `lengths` given), min(76, length - 2) masked each
+    (the busiest case), or with `masked_share` min(76, round(share x length)), as MLPerf's data (0.15)."""
     samples = []
-    for length in sample_lengths(n, rng):
+    for length in sample_lengths(n, rng) if lengths is None else lengths:
         length = int(min(max(length, 8), max_len))
         ids = rng.integers(1000 % vocab, vocab, length)
         k = min(max_pred, length - 2) if masked_share is None else min(max_pred, max(1, round(masked_share * length)))
@@ -450,7 +457,8 @@ def apex_paths(device: torch.device, cfg: ModelConfig, n: int) -> dict:
 
 
 @check("throughput: BERT-large phase 2, bf16, the H100 recipe's packs: Hugging Face as its users train it, ours "
-       "reference, the fast step added in turn (direct flash, static compile, CUDA graph, the recipe's LAMB compiled)")
+       "reference, the fast step added in turn (direct flash, static compile, CUDA graph, the recipe's LAMB compiled, FP8 GEMMs), "
+       "the recipe's step also at MLPerf's length mix")
 def throughput(device: torch.device, cfg: ModelConfig, packs: int, steps: int, seq_len: int = 512, warmup: int = 3,
                probes: int = 3, hf_batch: int = 56) -> dict:
     """One run, one device, the same sequences: `steps` batches of `packs` packs (rows of at most 3 sequences and
@@ -463,7 +471,13 @@ def throughput(device: torch.device, cfg: ModelConfig, packs: int, steps: int, s
     - fast_static_compile: + the whole model torch.compile'd with static shapes;
     - fast_cuda_graph: + its forward and backward replayed as CUDA graphs (mode reduce-overhead; CUDA only);
     - fast_cuda_graph_lamb: the same with the recipe's LAMB compiled (Lamb.compile_update), as the trainer runs it
-      with runtime.compile; fast_cuda_graph_lamb_eager: with its multi-tensor eager update, for the A/B.
+      with runtime.compile; fast_cuda_graph_lamb_eager: with its multi-tensor eager update, for the A/B;
+    - fast_cuda_graph_lamb_fp8: the recipe's step with runtime.fp8 (the encoder's GEMMs in FP8, trainer/model/fp8.py),
+      its graphs compiled anew (skipped, saying why, where FP8 cannot run); on the CPU fast_static_compile_fp8, the
+      rehearsal of the same code (torch._scaled_mm runs there, slowly).
+    The recipe's step (on the CPU: fast_static_compile), bf16 and FP8, is measured again on batches at MLPerf's length
+    mix (mlperf_mix_batches: ~255 tokens a sequence, ~2.0 a pack; the `mlperf_mix` figures say what they held):
+    `<variant>_mlperf_mix`. The fast step's shapes are fixed, so its step time hardly changes; its sequences a step do.
     Every variant's forward runs in autocast and its backward outside it, as Trainer.forward_backward does. Each:
     sequences/s and MFU over the timed steps, peak memory, and from probe steps run one at a time (the device idle
     before each) the host's time to issue a step (cpu_ms) and the device's time to run it (gpu_ms, CUDA events);
@@ -562,16 +576,32 @@ def throughput(device: torch.device, cfg: ModelConfig, packs: int, steps: int, s
     else:
         for label in ("fast_cuda_graph", "fast_cuda_graph_lamb", "fast_cuda_graph_lamb_eager"):
             figures[label] = {"skipped": "CUDA graphs need a CUDA device"}
+    # the recipe's step (the CPU: the most of it it runs) at MLPerf's mix, then with FP8 GEMMs at both mixes
+    recipe, recipe_optimizer = ("fast_cuda_graph_lamb", "lamb_compiled") if device.type == "cuda" else ("fast_static_compile", "adamw")
+    recipe_forward = graphed if device.type == "cuda" else compiled
+    mix = mlperf_mix_batches(np.random.default_rng(13), cfg.vocab_size, packs, warmup + steps + probes, seq_len)
+    mix_plan = (mix[:warmup], mix[warmup:warmup + steps], mix[warmup + steps:])
+    figures["mlperf_mix"] = mix_of(mix_plan[1], packs)
+    measure(f"{recipe}_mlperf_mix", model, fast_step_with(recipe_forward), optimizer=recipe_optimizer, plan=mix_plan)
+    # the CPU rehearses the FP8 path with torchao (torch._scaled_mm runs there); the GPU needs compute capability 8.9
+    problem = fp8_problem(device) if device.type == "cuda" else torchao_problem(device)
+    if problem:
+        figures[f"{recipe}_fp8"] = figures[f"{recipe}_fp8_mlperf_mix"] = {"skipped": problem}
+    else:
+        to_fp8_training(model)  # the last variants: the model's encoder GEMMs in FP8 from here on
+        fp8_forward = CompiledForward(model, cuda_graph=device.type == "cuda", backend=compile_backend(device))
+        measure(f"{recipe}_fp8", model, fast_step_with(fp8_forward), optimizer=recipe_optimizer)
+        measure(f"{recipe}_fp8_mlperf_mix", model, fast_step_with(fp8_forward), optimizer=recipe_optimizer, plan=mix_plan)
     hf = figures["hugging_face"].get("seq_per_s")
-    if hf:
-        figures["speedup_vs_hf"] = {k: round(figures[k]["seq_per_s"] / hf, 2) for k in VARIANTS if "seq_per_s" in figures[k]}
+    if hf:  # at stage e's mix: Hugging Face trained the same sequences
+        figures["speedup_vs_hf"] = {k: round(figures[k]["seq_per_s"] / hf, 2) for k in VARIANTS if "seq_per_s" in figures.get(k, {})}
     if failed:  # the figures of the variants that ran stay in the record
         return {**figures, "status": "fail", "reason": f"{', '.join(failed)} raised: {figures[failed[0]]['error']}"[:300]}
     return figures
 
 
 VARIANTS = ("ours_reference", "fast_direct_flash", "fast_static_compile", "fast_cuda_graph", "fast_cuda_graph_lamb",
-            "fast_cuda_graph_lamb_eager")
+            "fast_cuda_graph_lamb_eager", "fast_cuda_graph_lamb_fp8", "fast_static_compile_fp8")
 
 
 @check("trainer throughput: python -m trainer under torchrun, BERT-large phase 2 on packed synthetic shards, the H100 "
@@ -763,6 +793,230 @@ def fp8_gemms(device: torch.device, tokens: int = 48 * 512, repeats: int = 20) -
             "note": "per-tensor scales of 1 (no amax pass): an upper bound on the saving"}
 
 
+@check("attention kernels: the packed flash operator against cuDNN's SDPA and PyTorch's other kernels on the packed stream, "
+       "dropout 0.1, forward and backward (measured, not adopted)")
+def attention_kernels(device: torch.device, packs: int = 48, seq_len: int = 512, heads: int = 16, head_dim: int = 64,
+                      repeats: int = 10) -> dict:
+    """The fast step's attention as it runs today (trainer/model/flash_varlen.py::packed_attention: PyTorch's flash kernel
+    through its variable-length entry point) against what stock PyTorch offers for the same packed stream ([T, heads, D],
+    stage e's lengths and its fixed-shape padding), in bf16 (fp32 off CUDA):
+    - nested_<kernel>: SDPA on jagged NestedTensors of the stream's sequences (trainer/model/attention.py::nested_attention)
+      with one SDPA backend forced (torch.nn.attention.sdpa_kernel): CUDNN_ATTENTION (cuDNN's kernels, Hopper's among
+      them), FLASH_ATTENTION, EFFICIENT_ATTENTION;
+    - packs_masked_<kernel>: the sequences laid in rows of seq_len, each row one dense attention with a block-diagonal
+      mask (a sequence sees itself only): no ragged layout, but each row's seq_len^2 work; CUDNN_ATTENTION,
+      EFFICIENT_ATTENTION (flash takes no mask). The gathers into rows and back are in its time.
+    Off CUDA (the rehearsal) none of those kernels runs: SDPA's math kernel runs both layouts instead, so their code is
+    checked against the reference there.
+    Each: milliseconds for the forward and backward at dropout 0.1, whether dropout changed the output, and at dropout 0
+    the largest difference from the fp32 reference (output and the three gradients, real tokens): equal under 5e-2 (the
+    attention check's bound). A kernel that cannot take the inputs is recorded with PyTorch's reason. `fastest`: the
+    quickest kernel equal to the reference; `over_packed_flash`: each one's time over today's operator's."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from trainer.model.attention import nested_attention
+    from trainer.model.flash_varlen import packed_attention
+
+    rng = np.random.default_rng(12)
+    cap = Capacity.of_packs(packs, seq_len, 3, 76)
+    batch = fixed_shape(collate(packed_batches(rng, 30522, packs, 1, seq_len)[0], unpadded=True), cap)
+    lengths = [int(n) for n in batch.seqlens]  # the real sequences; the stream's padding follows them
+    real = sum(lengths)
+    cu = batch.cu_seqlens.to(device)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    g = torch.Generator(device="cpu").manual_seed(13)
+    q, k, v, grad = (torch.randn(cap.tokens, heads, head_dim, generator=g).to(device) for _ in range(4))
+    reference_inputs = [x.clone().requires_grad_() for x in (q, k, v)]
+    reference = packed_attention(*reference_inputs, cu, seq_len, 0.0)  # fp32: the reference kernel, one segment at a time
+    reference_grads = torch.autograd.grad(reference, reference_inputs, grad)
+    nested_cu = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int64, device=device)
+    rows, segments = rows_of(lengths, seq_len, cap.tokens, device)
+
+    def nested(kernel):
+        def run(q, k, v, p):
+            with sdpa_kernel([kernel]):
+                out = nested_attention(q[:real], k[:real], v[:real], nested_cu, max(lengths), min(lengths), p)
+            return torch.cat([out, out.new_zeros(cap.tokens - real, *out.shape[1:])])
+        return run
+
+    def packs_masked(kernel):
+        mask = (segments[:, None, :, None] == segments[:, None, None, :])  # [rows, 1, L, L]
+
+        def run(q, k, v, p):
+            dense = [torch.cat([x, x.new_zeros(1, *x.shape[1:])])[rows].transpose(1, 2) for x in (q, k, v)]  # [rows, h, L, D]
+            with sdpa_kernel([kernel]):
+                out = F.scaled_dot_product_attention(*dense, attn_mask=mask, dropout_p=p).transpose(1, 2)
+            stream = out.new_zeros(cap.tokens + 1, *out.shape[2:])
+            return stream.index_put((rows.flatten(),), out.flatten(0, 1))[:cap.tokens]  # padding slots write the spare row
+        return run
+
+    fused = [("cudnn", SDPBackend.CUDNN_ATTENTION), ("flash", SDPBackend.FLASH_ATTENTION), ("efficient", SDPBackend.EFFICIENT_ATTENTION)]
+    # off CUDA no fused kernel takes these inputs: SDPA's math kernel checks the two layouts' code there instead
+    extra = [] if device.type == "cuda" else [("math", SDPBackend.MATH)]
+    candidates = {"packed_flash_operator": lambda q, k, v, p: packed_attention(q, k, v, cu, seq_len, p),
+                  **{f"nested_{name}": nested(kernel) for name, kernel in fused + extra},
+                  **{f"packs_masked_{name}": packs_masked(kernel) for name, kernel in fused + extra if name != "flash"}}
+    kernels = {}
+    for name, attend in candidates.items():
+        inputs = [x.to(dtype).requires_grad_() for x in (q, k, v)]
+        try:
+            exact = attend(*inputs, 0.0)
+            grads = torch.autograd.grad(exact, inputs, grad.to(dtype))
+            differences = [(a[:real].float() - b[:real]).abs().max().item()
+                           for a, b in zip((exact, *grads), (reference, *reference_grads))]
+            dropped = attend(*inputs, 0.1)
+            ms = milliseconds(device, lambda attend=attend, inputs=inputs: torch.autograd.grad(attend(*inputs, 0.1), inputs,
+                                                                                                grad.to(dtype)), repeats)
+        except RuntimeError as e:
+            kernels[name] = {"not_runnable": (str(e).strip().splitlines() or [""])[0][:200]}
+            continue
+        kernels[name] = {"ms_forward_backward": round(ms, 3), "max_abs_diff_at_p0": float(f"{max(differences):.3g}"),
+                         "equal_to_reference": max(differences) < 5e-2,
+                         "dropout_changes_output": not torch.equal(dropped[:real], exact[:real])}
+    today = kernels["packed_flash_operator"]
+    assert "ms_forward_backward" in today and today["equal_to_reference"], f"today's operator: {today}"
+    equal = {name: r["ms_forward_backward"] for name, r in kernels.items() if r.get("equal_to_reference")}
+    return {"tokens": cap.tokens, "real_tokens": real, "sequences": len(lengths), "rows": int(rows.shape[0]),
+            "heads": heads, "head_dim": head_dim, "dtype": str(dtype).removeprefix("torch."), "kernels": kernels,
+            "fastest": min(equal, key=equal.get),
+            "over_packed_flash": {name: round(ms / today["ms_forward_backward"], 3) for name, ms in equal.items()},
+            "adopted": "no: measured only (runtime.attention: auto keeps the packed flash operator)"}
+
+
+@check("convergence: BERT-large phase 2 from one initialisation and one data order, in bf16 and with FP8 GEMMs: both MLM "
+       "loss curves, their ends within 1 %")
+def fp8_convergence(device: torch.device, cfg: ModelConfig, packs: int, steps: int, deadline: float, log: Path,
+                    seq_len: int = 512, tolerance: float = 0.01, lr: float = 4e-3, min_fall: float | None = 0.1,
+                    home: Path | None = None) -> dict:
+    """`steps` updates of the recipe's step (fixed-shape packs of at most 3 sequences, `packs` a step; LAMB with the H100
+    recipe's betas and weight decay, `lr` after a warm-up of a tenth of the steps then decaying linearly, the
+    gradient's norm clipped to 1; compiled, on CUDA graphed, as the trainer runs it) twice from one initialisation on
+    one order of batches: in bf16, and with runtime.fp8's GEMMs (trainer/model/fp8.py). The data is real text, the
+    only text a bare GPU machine has: the embedded sample dataset (`bertctl data prepare --dataset sample`, in `home`
+    or a temporary one: ~6,800 phase-2 sequences of Python's documentation, ~300 tokens each, its 8,192-token
+    vocabulary), its packs reshuffled each epoch. Recorded: each step's MLM loss (the masked positions' mean
+    cross-entropy, read from the device once at the end); passed when the bf16 loss fell by `min_fall` of its start
+    (else the comparison says nothing; None: not asked, the CPU rehearsal's few steps) and the two curves' ends, each
+    the mean of the last tenth of its steps, differ by at most `tolerance` of the bf16 end. lr 4e-3: on the CPU (4
+    layers of 256, 8 packs of 128 tokens, 100 updates) LAMB took the loss from 9.10 to 8.35 at 1e-3, 7.19 at 4e-3 and
+    6.20 at 1e-2; BERT-large's 24 post-LayerNorm layers are given the middle one."""
+    problem = fp8_problem(device) if device.type == "cuda" else torchao_problem(device)
+    if problem:
+        raise Skip(problem)
+    samples, vocab = sample_dataset(seq_len, deadline, log, home)
+    cfg = cfg.model_copy(update={"vocab_size": vocab})
+    max_predictions = max(len(s.masked_lm_positions) for s in samples)
+    batches = epochs_of_packs(samples, packs, steps, seq_len, np.random.default_rng(14))
+    torch.manual_seed(0)
+    initial = BertForPreTraining(cfg).state_dict()
+    optim = OptimConfig(name="lamb", lr=lr, betas=(0.60466, 0.85437), weight_decay=0.1, warmup_steps=max(1, steps // 10),
+                        max_steps=steps)
+    curves, seconds = {}, {}  # each leg's seconds: its compilation and its steps
+    for leg in ("bf16", "fp8"):
+        started = time.perf_counter()
+        curves[leg] = loss_curve(device, cfg, initial, batches, Capacity.of_packs(packs, seq_len, 3, max_predictions), optim,
+                                 fp8=leg == "fp8")
+        seconds[leg] = round(time.perf_counter() - started, 1)
+    tail = max(1, steps // 10)
+    ends = {leg: float(np.mean(curve[-tail:])) for leg, curve in curves.items()}
+    gap = (ends["fp8"] - ends["bf16"]) / ends["bf16"]
+    figures = {"steps": steps, "packs": packs, "sequences": len(samples), "vocab_size": vocab, "lr": lr, "leg_seconds": seconds,
+               "mix": mix_of(batches, packs), "first_loss": {leg: c[0] for leg, c in curves.items()},
+               "end_loss": {leg: round(e, 4) for leg, e in ends.items()}, "fp8_over_bf16_at_the_end": round(gap, 5),
+               "curves": curves}
+    assert all(np.isfinite(c).all() for c in curves.values()), f"a loss curve is not finite: {figures['end_loss']}"
+    assert min_fall is None or ends["bf16"] < (1 - min_fall) * float(np.mean(curves["bf16"][:tail])), \
+        f"the bf16 loss did not fall by {min_fall:.0%} ({figures['first_loss']['bf16']} -> {ends['bf16']:.4f}): raise steps or lr"
+    assert abs(gap) <= tolerance, f"FP8's loss ends {gap:+.2%} from bf16's ({ends['fp8']:.4f} vs {ends['bf16']:.4f}), past {tolerance:.0%}"
+    return figures
+
+
+def sample_dataset(seq_len: int, deadline: float, log: Path, home: Path | None = None) -> tuple[list[Sample], int]:
+    """The embedded sample dataset's training sequences (phase 2's at 512, phase 1's at 128) and its vocabulary size,
+    prepared by `bertctl data prepare --dataset sample` in `home` (where it is already, it returns at once) or in a
+    temporary one."""
+    with tempfile.TemporaryDirectory(prefix="bertctl-gpu-sample-") as tmp:
+        env = {"BERTCTL_HOME": str(home or tmp)}
+        done = run_child([sys.executable, "-m", "orchestrator", "data", "prepare", "--dataset", "sample"], deadline, log,
+                         "bertctl data prepare", env)
+        assert done.returncode == 0, f"bertctl data prepare --dataset sample: {done.reason()}"
+        root = Path(done.stdout.strip().splitlines()[-1])
+        shards = [Shard(path) for path in sorted((root / ("train" if seq_len == 512 else "train_128")).rglob("*.hdf5"))]
+        vocab = json.loads((root / "prepared.json").read_text())["corpus"]["vocab_size"]
+        return [s for shard in shards for s in shard.samples(range(len(shard)))], vocab
+
+
+def epochs_of_packs(samples: list[Sample], packs: int, steps: int, seq_len: int, rng: np.random.Generator) -> list[list[Sample]]:
+    """`steps` batches of `packs` packs (at most 3 sequences, `seq_len` tokens), the packs reshuffled each epoch."""
+    rows = pack_sequences(np.array([len(s.input_ids) for s in samples]), seq_len, 3)
+    order: list[list[int]] = []
+    while len(order) < packs * steps:
+        order += [rows[i] for i in rng.permutation(len(rows))]
+    return [[samples[i] for row in order[k * packs:(k + 1) * packs] for i in row] for k in range(steps)]
+
+
+def loss_curve(device: torch.device, cfg: ModelConfig, initial: dict, batches: list[list[Sample]], cap: Capacity,
+               optim: OptimConfig, fp8: bool) -> list[float]:
+    """The MLM loss of each update of a model from `initial` trained on `batches` (fp8: with runtime.fp8's GEMMs)."""
+    model = BertForPreTraining(cfg)
+    model.load_state_dict(initial)
+    if fp8:
+        to_fp8_training(model)
+    model.to(device).train()
+    cuda = device.type == "cuda"
+    optimizer = build_optimizer(model, optim, use_apex=False, device_type=device.type, compiled=cuda)
+    forward = CompiledForward(model, cuda_graph=cuda, backend=compile_backend(device))
+    torch.manual_seed(1)  # the same dropout seeds (the masks part where the numerics do)
+    losses = []
+    for update, samples in enumerate(batches, 1):
+        set_learning_rate(optimizer, learning_rate(update, optim))
+        batch = fixed_shape(collate(samples, unpadded=True), cap).to(device)
+        masked, sequences = device_counts([batch])
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            mlm_sum, nsp_sum = forward(batch)
+        (mlm_sum / masked + nsp_sum / sequences).backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        take_step(optimizer, None)
+        optimizer.zero_grad(set_to_none=True)
+        losses.append((mlm_sum / masked).detach())
+    assert forward.failed is None, f"compiling the {'FP8' if fp8 else 'bf16'} step failed: {forward.failed}"
+    curve = [round(x, 4) for x in torch.stack(losses).float().tolist()]
+    del model, optimizer, forward
+    torch.compiler.reset()  # the graphs and their memory pools go with the model
+    if cuda:
+        torch.cuda.empty_cache()
+    return curve
+
+
+def rows_of(lengths: list[int], row: int, spare: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sequences of the stream (consecutive, `lengths`) laid into rows of `row` slots, filled in order: for each slot the
+    stream position it holds (`spare` where none: a zero row past the stream's end), and its sequence's number (padding
+    slots each a number of their own, so each attends to itself alone and no row of the mask is empty)."""
+    positions, numbers, row_positions, row_numbers, start = [], [], [], [], 0
+    for number, length in enumerate(lengths):
+        if len(row_positions) + length > row:
+            positions.append(row_positions + [spare] * (row - len(row_positions)))
+            numbers.append(row_numbers + list(range(-1, -1 - row + len(row_numbers), -1)))
+            row_positions, row_numbers = [], []
+        row_positions += range(start, start + length)
+        row_numbers += [number] * length
+        start += length
+    positions.append(row_positions + [spare] * (row - len(row_positions)))
+    numbers.append(row_numbers + list(range(-1, -1 - row + len(row_numbers), -1)))
+    return torch.tensor(positions, device=device), torch.tensor(numbers, device=device)
+
+
+def milliseconds(device: torch.device, fn, repeats: int) -> float:
+    """Milliseconds per call of fn: CUDA events on CUDA, the host's clock elsewhere (after one warm-up call)."""
+    if device.type == "cuda":
+        return time_cuda(fn, repeats)
+    fn()
+    started = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    return 1e3 * (time.perf_counter() - started) / repeats
+
+
 def time_cuda(fn, repeats: int) -> float:
     """Milliseconds per call of fn on the device, after 3 warm-up calls."""
     for _ in range(3):
@@ -774,6 +1028,27 @@ def time_cuda(fn, repeats: int) -> float:
     end.record()
     end.synchronize()
     return begin.elapsed_time(end) / repeats
+
+
+def mlperf_mix_batches(rng: np.random.Generator, vocab: int, packs: int, steps: int, seq_len: int = 512,
+                       pool: int = 100_000) -> list[list[Sample]]:
+    """`steps` batches of `packs` packs at MLPerf's packed length mix: `pool` Wikipedia lengths packed as the trainer packs
+    (at most 3 a pack, trainer/balance/algorithms.py::pack_sequences) and `packs x steps` of those packs drawn at random,
+    so the batches carry the whole pool's mix: ~255 tokens a sequence and ~2.0 sequences a pack, as NVIDIA's packed
+    data (1.999). packed_batches packs only the sequences it trains, and its mix is poorer (H200, 2026-11-28: 269 tokens,
+    1.90 a pack)."""
+    lengths = np.clip(sample_lengths(pool, rng), 8, seq_len)
+    rows = pack_sequences(lengths, seq_len, 3)
+    chosen = [rows[i] for i in rng.permutation(len(rows))[:packs * steps]]
+    samples = iter(make_samples(0, rng, vocab, max_len=seq_len, masked_share=0.15, lengths=[lengths[i] for row in chosen for i in row]))
+    return [[next(samples) for row in chosen[k * packs:(k + 1) * packs] for _ in row] for k in range(steps)]
+
+
+def mix_of(batches: list[list[Sample]], packs: int) -> dict:
+    """What a list of batches holds: tokens a sequence, sequences a pack."""
+    sequences = [s for b in batches for s in b]
+    return {"mean_length": round(float(np.mean([len(s.input_ids) for s in sequences])), 1),
+            "sequences_per_pack": round(len(sequences) / (packs * len(batches)), 3)}
 
 
 def packed_batches(rng: np.random.Generator, vocab: int, packs: int, steps: int, seq_len: int = 512) -> list[list[Sample]]:
@@ -792,7 +1067,10 @@ def environment(device: torch.device) -> dict:
            "cpus": os.cpu_count(), "python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
            "device": device.type, "apex": apex_missing() is None, "flash_attn": flash_attn_installed(),
            "versions": {name: installed_version(name) for name in
-                        ("transformers", "triton", "numpy", "pydantic", "mlperf-logging", "flash-attn", "apex")}}
+                        ("transformers", "triton", "numpy", "pydantic", "mlperf-logging", "flash-attn", "apex", "torchao")}}
+    # whether runtime.fp8 runs here: on a GPU, its compute capability and torchao with this torch (an FP8 Linear's
+    # forward and backward); on the CPU, torchao with this torch
+    env["fp8"] = (fp8_problem(device) if device.type == "cuda" else torchao_problem(device)) or "runs"
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         env.update(gpu=props.name, capability=f"{props.major}.{props.minor}", gpu_memory_gb=round(props.total_memory / 2**30, 1),

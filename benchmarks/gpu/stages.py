@@ -46,7 +46,8 @@ STAGES = [
           "skipped, counted and halves the loss scale", (20, 10), (90, 90)),
     Stage("e", "throughput", "BERT-large phase 2 in bf16 at 48 packs: Hugging Face as its users train it (batches of 56 "
           "padded to 512), ours reference and the fast step added in turn (direct flash, static compile, CUDA graph, the "
-          "recipe's LAMB compiled and eager); sequences/s, MFU, peak memory, CPU and GPU ms per step", (200, 30), (330, 240)),
+          "recipe's LAMB compiled and eager, then FP8 GEMMs), the recipe's step bf16 and FP8 also at MLPerf's length mix; "
+          "sequences/s, MFU, peak memory, CPU and GPU ms per step", (280, 40), (420, 240)),
     Stage("f", "trainer_sync", "python -m trainer under torchrun (NCCL) in every optim.clip mode and fp16 with "
           "compile; the steady-state loop makes no device->host sync in bf16", (150, 120), (270, 240)),
     Stage("g", "apex", "apex's FusedLayerNorm and FusedLAMB update like the PyTorch path (skipped without apex)",
@@ -56,6 +57,12 @@ STAGES = [
     Stage("i", "trainer_throughput", "python -m trainer under torchrun trains BERT-large phase 2 on packed synthetic shards "
           "with the H100 recipe's step (LAMB, bf16, compiled, graphed) in clip local and bucket, and evaluates 10,000 samples: "
           "its own metrics' sequences/s agree with stage e's within 5 %; the evaluation's seconds", (300, 60), (480, 240)),
+    Stage("j", "attention_kernels", "the fast step's attention (PyTorch's flash kernel on the packed stream) against cuDNN's "
+          "SDPA and PyTorch's other kernels, on NestedTensors and on masked rows of packs, dropout 0.1, forward and backward: "
+          "milliseconds, and each equal to the fp32 reference at dropout 0 (measured, not adopted)", (40, 10), (150, 90)),
+    Stage("k", "fp8_convergence", "BERT-large phase 2 on the sample dataset's text, one initialisation and one order of "
+          "batches, 300 updates of the recipe's step in bf16 and with FP8 GEMMs: both MLM loss curves, their ends within 1 %",
+          (200, 60), (420, 240)),
 ]
 BY_NAME = {s.name: s for s in STAGES}
 
@@ -127,6 +134,13 @@ def run_stage(name: str, device_name: str, quick: bool, deadline: float, log: Pa
         # --quick: the tiny model, a few steps, one clip mode, fp32 and eager on the CPU (its plumbing, not its speed)
         found = [checks.trainer_throughput(device, tiny, 2, 12, deadline, log, seq_len=128, eval_samples=60, clips=("local",))
                  if quick else checks.trainer_throughput(device, large, 48, 60, deadline, log, stage_e=log.parent / "e_throughput.json")]
+    elif name == "attention_kernels":
+        found = [checks.attention_kernels(device, 2, 128, 2, 16, repeats=2) if quick else checks.attention_kernels(device)]
+    elif name == "fp8_convergence":
+        # --quick: the tiny model on the sample dataset's phase-1 sequences (128 tokens), a few updates: the plumbing
+        found = [checks.fp8_convergence(device, tiny.model_copy(update={"max_position_embeddings": 128}), 2, 8, deadline, log,
+                                        seq_len=128, tolerance=0.05, min_fall=None) if quick
+                 else checks.fp8_convergence(device, large, 48, 300, deadline, log)]
     elif name == "apex":
         found = [checks.apex_paths(device, small, 4) if quick else checks.apex_paths(device, large, 16)]
     else:
