@@ -198,7 +198,7 @@ def test_a_job_asked_to_stop_is_running_until_its_last_process_ends(bertctl_home
     """`cancel` used to make the job CANCELLED at once, while its ranks still wrote their checkpoints: a resume
     then could start beside them."""
     exp = experiment(bertctl_home)
-    handle = started_local_job(exp, "trap 'sleep 2; exit 143' TERM\nsleep 60 & wait\n")
+    handle = started_local_job(exp, "trap 'sleep 1; exit 143' TERM\nsleep 60 & wait\n")
     assert lifecycle.cancel(experiments.find(EXP))
     assert handle.state == "RUNNING" and status.collect([experiments.find(EXP)])[0].state is State.RUNNING
     assert wait_until(lambda: not handle.alive(), 15) and handle.state == "CANCELLED"
