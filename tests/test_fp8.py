@@ -335,3 +335,54 @@ def test_every_bert_rulesets_official_checker_accepts_the_precision_keys(tmp_pat
     for ruleset in rulesets:
         assert check_log(plain_log, ruleset).compliant, ruleset
         assert check_log(stated, ruleset).compliant, ruleset
+
+
+# ---- the trainer -----------------------------------------------------------------------------------
+
+def trained(tmp_path, monkeypatch, fp8_on: bool) -> tuple[list[float], dict, object]:
+    """4 packed fast-step updates of the tiny synthetic run, an evaluation after the second, in-process: the losses,
+    the MLPerf log's events, the trained model. runtime.fp8 cannot pass the configuration or the rank's check on a CPU:
+    both are stood in for (the key set on the checked configuration, the check answering that FP8 runs), so the
+    trainer's own FP8 path (build_model's swap, the compiled step, the evaluation, the log) runs here."""
+    from gloo import free_port
+    from synthetic import tiny_run_config
+
+    from trainer.config import load_run_config
+    from trainer.loop.entry import RunArgs
+    from trainer.loop.train import Trainer
+    from trainer.parallel import distributed
+
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    monkeypatch.setattr(distributed, "fp8_problem", lambda device: None)
+    folder = tmp_path / ("fp8" if fp8_on else "fp32")
+    config = tiny_run_config(folder, balance={"packing": True, "pack_sequences": 3, "pack_average": 2, "pack_window": 64},
+                             # small: torch._scaled_mm on a CPU is a plain loop
+                             model={"num_layers": 1, "hidden_size": 16, "num_heads": 2, "intermediate_size": 32,
+                                    "hidden_dropout": 0.0, "attention_dropout": 0.0},
+                             data__eval_samples=50,
+                             runtime={"unpad": True, "step": "fast"},
+                             optim={"max_steps": 4}, train={"global_batch_size": 16, "eval_every_samples": 32,
+                                                            "target_accuracy": 0.99})
+    cfg = load_run_config(str(config))
+    cfg = cfg.model_copy(update={"runtime": cfg.runtime.model_copy(update={"fp8": fp8_on})})
+    trainer = Trainer(cfg, RunArgs(config=str(config), out=str(folder / "out")))
+    try:
+        assert trainer.run() == 0
+    finally:
+        trainer.close()
+        distributed.close()
+    losses = [json.loads(line)["loss"] for line in (folder / "out" / "metrics" / "run_0.jsonl").read_text().splitlines()]
+    events = [json.loads(line.split(":::MLLOG ", 1)[1]) for line in (folder / "out" / "results" / "result_0.txt").read_text().splitlines()]
+    return losses, {e["key"]: e["value"] for e in events}, trainer.model
+
+
+def test_the_trainer_trains_with_fp8_gemms_like_without_and_its_log_says_fp8(tmp_path, monkeypatch):
+    """The same run with and without runtime.fp8 (fp32 around the GEMMs on the CPU): the losses within FP8's error of
+    each other, the evaluation run, the model's encoder swapped, the log stating fp8 for the linear layers."""
+    plain_losses, plain_log, _ = trained(tmp_path, monkeypatch, fp8_on=False)
+    losses, log, model = trained(tmp_path, monkeypatch, fp8_on=True)
+    assert len(losses) == len(plain_losses) == 4 and losses != plain_losses
+    assert losses == pytest.approx(plain_losses, rel=1e-3)
+    assert "eval_accuracy" in log and log["lowest_numerical_precision_in_linear"] == "fp8"
+    assert plain_log["lowest_numerical_precision_in_linear"] == "fp32"
+    assert sum(isinstance(m, nn.Linear) and not plain(m) for m in model.modules()) == 6
