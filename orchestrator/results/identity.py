@@ -62,6 +62,10 @@ VARYING_ACCEPTED = {"d_batch_size": "v2.1 Intel/8-nodes-SPR-pytorch"}
 NOT_RECIPE = {"seed", "submission_org", "submission_platform", "submission_division", "submission_status",
               "submission_benchmark", "submission_poc_name", "submission_poc_email", "run_final", ""}
 SEED_CHECK_RULESETS = ("1.0.0", "1.1.0", "2.0.0", "2.1.0", "3.0.0", "3.1.0", "4.0.0", "4.1.0", "5.0.0")
+# The seed check asks every run for a seed since this change ("Check seeds are always logged"); the rounds
+# published after it always had it
+SEEDS_REQUIRED_SINCE = "2024-09-13, mlperf-logging 4.1.0-rc4, commit ac0096ca830b"
+SEEDS_ALWAYS_REQUIRED = ("4.1.0", "5.0.0")
 
 
 @dataclass
@@ -284,14 +288,21 @@ def copies(runs: list, found: Findings) -> None:
 
 
 def seeds(summaries: list, ruleset: str, division: str | None, found: Findings) -> None:
-    """The package checker's seed check: every run of a closed set (rulesets 1.0.0 on) logs a seed."""
+    """The package checker's seed check: every run of a closed set (rulesets 1.0.0 on) logs a seed. Until
+    mlperf-logging 4.1.0-rc4 a set in which no run logged one passed it; the problem says so for the rounds
+    published before."""
     if division != "closed" or ruleset not in SEED_CHECK_RULESETS:
         return
-    missing = [name(s) for s in summaries if not s.problem and "seed" not in s.keys]
-    if missing:
-        found.problems.append(f"{len(missing)} run(s) log no seed ({', '.join(missing[:4])}"
-                              f"{', ...' if len(missing) > 4 else ''}): the package checker's seed check fails a "
-                              f"closed set from ruleset 1.0.0 on")
+    read = [s for s in summaries if not s.problem]
+    missing = [name(s) for s in read if "seed" not in s.keys]
+    if not missing:
+        return
+    why = (f"{len(missing)} run(s) log no seed ({', '.join(missing[:4])}{', ...' if len(missing) > 4 else ''}): the "
+           "package checker's seed check fails a closed set from ruleset 1.0.0 on")
+    if len(missing) == len(read) and ruleset not in SEEDS_ALWAYS_REQUIRED:
+        why += (f" (since {SEEDS_REQUIRED_SINCE}: when the round of ruleset {ruleset} was published, a set in which no "
+                "run logged a seed passed the seed check)")
+    found.problems.append(why)
 
 
 def _by_value(runs: list, value) -> dict:

@@ -160,7 +160,7 @@ def assess(rs, ruleset: str | None = None, werror: bool = False, with_score: boo
     seeds = identity.Findings()
     identity.seeds(rs.summaries, chosen, report.division, seeds)
     for problem in seeds.problems:
-        _package_problem(report, problem + _seed_history(chosen))
+        _package_problem(report, problem)
     for problem in repeated_runs(rs) + found.problems:
         _own_problem(report, problem)
     if with_score:
@@ -191,14 +191,6 @@ def _own_problem(report: Report, problem: str) -> None:
     """A problem of bertctl's own checks: the package checker does not find it."""
     report.problems.append(problem)
     report.stricter.append(problem)
-
-
-def _seed_history(ruleset: str) -> str:
-    """The seed check asked for a seed in every run only from 4.1.0-rc4: say so for the rounds before."""
-    if ruleset in ("4.1.0", "5.0.0"):
-        return ""
-    return (f" (since 2024-09-13, mlperf-logging 4.1.0-rc4, commit ac0096ca830b: when the round of ruleset {ruleset} "
-            "was published, a set in which no run logged a seed passed the seed check)")
 
 
 def repeated_runs(rs) -> list[str]:
