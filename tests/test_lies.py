@@ -69,3 +69,13 @@ def test_without_a_system_description_the_report_says_which_rate_bound_it_used(b
     assert report.passed
     assert any(n.startswith("rate bound: no system description (no systems/<system>.json beside the logs), so each "
                             "run's whole rate is held to 10,000,000 samples/s") for n in report.notes)
+
+
+def test_a_system_description_without_a_count_of_accelerators_falls_back_to_the_whole_run_bound(base, tmp_path):
+    """A description that names no count (or -1 nodes) is no ground for a per-accelerator bound: the note says so."""
+    bert = copy_set(base, tmp_path)
+    described = bert.parents[2] / "systems" / "1xXE9712x4GB200.json"
+    described.write_text(described.read_text().replace('"number_of_nodes": "1"', '"number_of_nodes": "-1"'))
+    report = judge(bert)
+    assert report.passed and ("rate bound: systems/1xXE9712x4GB200.json describes no accelerators, so each run's whole "
+                              "rate is held to 10,000,000 samples/s (13 times the fastest published BERT run)") in report.notes

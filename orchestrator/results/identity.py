@@ -47,6 +47,7 @@ SAMPLES_PER_STEP_RULE = "samples per step"
 # The fastest published result per accelerator of a class rose at most 2.2 times from one round to the
 # next (A100 from v0.7 to v1.0): three times the fastest is more than any software gain seen
 RATE_MARGIN = 3.0
+MAX_ACCELERATORS = 1_000_000  # nodes, or accelerators per node, a description may claim (the largest set: 4,320 GPUs)
 # Runs sharing this many evaluations, all equal to the logged digits and not all one value, are one run
 COPY_MIN_EVALS = 2
 COPY_RULE = "one run counted twice"
@@ -190,8 +191,8 @@ def _accelerators(system: dict | None) -> tuple[int, str]:
     if not system:
         return 0, ""
     nodes, per_node = _number(system.get("number_of_nodes")), _number(system.get("accelerators_per_node"))
-    model = str(system.get("accelerator_model_name") or "")
-    if not nodes or not per_node or not model:
+    model = str(system.get("accelerator_model_name") or "")[:200]
+    if not (nodes and per_node and model and 1 <= nodes <= MAX_ACCELERATORS and 1 <= per_node <= MAX_ACCELERATORS):
         return 0, model
     return int(nodes) * int(per_node), model
 
