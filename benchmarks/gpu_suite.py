@@ -186,9 +186,11 @@ def run_suite(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     log = out / "suite.log"
-    for stale in [out / s.file for s in STAGES] + [log]:  # an earlier run's records would read as this one's
-        stale.unlink(missing_ok=True)
     wanted = args.stages.split(",") if args.stages else [s.name for s in STAGES]
+    # an earlier call's record of a stage this call runs would read as this call's; the others stay (stage i compares
+    # the trainer with stage e's record of an earlier call into the same folder) and suite.log gains this call's lines
+    for stale in [out / s.file for s in STAGES if s.name in wanted]:
+        stale.unlink(missing_ok=True)
     budget_end = time.time() + args.budget
     signal.signal(signal.SIGTERM, on_signal)
     records = []

@@ -1,6 +1,8 @@
 """The GPU suite's own code runs here on the CPU, at tiny shapes, so it cannot rot between GPU
 sessions: its parity, attention and precision checks pass, and a broken model fails them."""
 
+import json
+import subprocess
 import sys
 import time
 import warnings
@@ -210,3 +212,20 @@ def test_the_trainers_rate_must_agree_with_stage_es_within_5_percent(suite, tmp_
         "stage_e_fast_cuda_graph_lamb": 800.0, "trainer_over_stage_e": {"local": 0.975, "bucket": 1.038}}
     with pytest.raises(AssertionError, match=r"differs from stage e's 800.0 seq/s by more than 5 %: \{'local': 0.9\}"):
         suite.against_stage_e({"local": 720.0, "bucket": 800.0}, stage_e)
+
+
+def test_a_call_for_some_stages_keeps_the_records_of_the_others(tmp_path):
+    """A GPU session runs the suite in several calls into one folder (one call is at most 10 minutes): stage i
+    compares the trainer with stage e's record from the call before. A call deletes only the records of the stages
+    it runs, and suite.log gains its lines."""
+    out = tmp_path / "gpu-run"
+    out.mkdir()
+    (out / "e_throughput.json").write_text('{"stage": "e_throughput", "status": "pass"}\n')
+    (out / "a_environment.json").write_text('{"stage": "a_environment", "status": "fail"}\n')
+    (out / "suite.log").write_text("==== the earlier call's lines\n")
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "gpu_suite.py"), "--device", "cpu", "--quick",
+                           "--stages", "environment", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads((out / "a_environment.json").read_text())["status"] == "pass"  # this call's
+    assert (out / "e_throughput.json").read_text() == '{"stage": "e_throughput", "status": "pass"}\n'  # the earlier call's
+    assert (out / "suite.log").read_text().startswith("==== the earlier call's lines\n")
