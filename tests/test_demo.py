@@ -18,7 +18,10 @@ home's log (test_the_phase1_step_trains_a_fixed_length_phase).
 """
 
 import json
+import os
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -176,7 +179,7 @@ def test_the_main_jobs_run_exports_to_a_folder_hugging_face_loads_and_fine_tunes
     assert [tokenizer(line, add_special_tokens=False)["input_ids"] for line in lines] == \
         WordPiece(demo_home / "datasets" / "sample" / "vocab.txt").encode(lines)
 
-    losses = fine_tune(folder, tokenizer, next_sentence_pairs(text), tmp_path / "fine-tuning")
+    losses = fine_tune(folder, next_sentence_pairs(text), tmp_path / "fine-tuning")
     first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
     assert last < first - 0.1, losses  # a random guess is ln 2 = 0.69
     print(f"export: fine-tuning loss {first:.3f} -> {last:.3f} over {len(losses)} steps")
@@ -213,22 +216,39 @@ def next_sentence_pairs(text: Path, count: int = 64) -> list[tuple[str, str, int
     return pairs
 
 
-def fine_tune(folder: Path, tokenizer, pairs: list[tuple[str, str, int]], work: Path) -> list[float]:
-    """Hugging Face's Trainer on BertForSequenceClassification from the folder; the loss of each step."""
-    import torch
-    from transformers import BertForSequenceClassification, Trainer, TrainingArguments
-
-    encoded = tokenizer([a for a, _, _ in pairs], [b for _, b, _ in pairs], truncation=True, max_length=64,
-                        padding="max_length", return_tensors="pt")
-    data = [{**{k: v[i] for k, v in encoded.items()}, "labels": torch.tensor(label)} for i, (_, _, label) in enumerate(pairs)]
-    model, loading = BertForSequenceClassification.from_pretrained(folder, num_labels=2, output_loading_info=True)
-    assert sorted(loading["missing_keys"]) == ["classifier.bias", "classifier.weight"]  # the new head, and only it
-    args = TrainingArguments(output_dir=str(work), per_device_train_batch_size=16, max_steps=FINE_TUNE_STEPS,
-                             learning_rate=FINE_TUNE_LR, lr_scheduler_type="constant", logging_steps=1, seed=0,
-                             report_to="none", save_strategy="no", use_cpu=True, disable_tqdm=True, dataloader_num_workers=0)
-    trainer = Trainer(model=model, args=args, train_dataset=data)
-    trainer.train()
-    return [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+def fine_tune(folder: Path, pairs: list[tuple[str, str, int]], work: Path) -> list[float]:
+    """Hugging Face's Trainer on BertForSequenceClassification from the folder, in a process of its own started
+    outside the repository, as a user's fine-tuning script runs (from the repository's root, `import datasets`
+    would find its datasets/ folder of manifests, and transformers would take it for Hugging Face's `datasets`);
+    the loss of each step."""
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "pairs.json").write_text(json.dumps(pairs))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, "-c", FINE_TUNE_SCRIPT, str(folder), str(work), str(FINE_TUNE_STEPS), str(FINE_TUNE_LR)],
+                          capture_output=True, text=True, cwd=work, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+# what a user's fine-tuning script does with the exported folder: its tokenizer and model, Hugging Face's Trainer
+FINE_TUNE_SCRIPT = """
+import json, sys
+from pathlib import Path
+import torch
+from transformers import AutoTokenizer, BertForSequenceClassification, Trainer, TrainingArguments
+folder, work, steps, lr = sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+pairs = json.loads((work / "pairs.json").read_text())
+tokenizer = AutoTokenizer.from_pretrained(folder)
+encoded = tokenizer([a for a, _, _ in pairs], [b for _, b, _ in pairs], truncation=True, max_length=64,
+                    padding="max_length", return_tensors="pt")
+data = [{**{k: v[i] for k, v in encoded.items()}, "labels": torch.tensor(label)} for i, (_, _, label) in enumerate(pairs)]
+model, loading = BertForSequenceClassification.from_pretrained(folder, num_labels=2, output_loading_info=True)
+assert sorted(loading["missing_keys"]) == ["classifier.bias", "classifier.weight"], loading  # the new head, and only it
+args = TrainingArguments(output_dir=str(work / "out"), per_device_train_batch_size=16, max_steps=steps, learning_rate=lr,
+                         lr_scheduler_type="constant", logging_steps=1, seed=0, report_to="none", save_strategy="no",
+                         use_cpu=True, disable_tqdm=True, dataloader_num_workers=0)
+trainer = Trainer(model=model, args=args, train_dataset=data)
+trainer.train()
+print(json.dumps([entry["loss"] for entry in trainer.state.log_history if "loss" in entry]))
+"""
 FINE_TUNE_STEPS, FINE_TUNE_LR = 40, 2e-3
