@@ -198,10 +198,13 @@ def test_a_job_asked_to_stop_is_running_until_its_last_process_ends(bertctl_home
     """`cancel` used to make the job CANCELLED at once, while its ranks still wrote their checkpoints: a resume
     then could start beside them."""
     exp = experiment(bertctl_home)
-    handle = started_local_job(exp, "trap 'sleep 1; exit 143' TERM\nsleep 60 & wait\n")
+    # The ranks' last writes take 5 s: long enough that both looks below fall inside them on a loaded CI machine
+    # (with 1 s, a busy machine once let the job end between the two).
+    handle = started_local_job(exp, "trap 'sleep 5; exit 143' TERM\nsleep 60 & wait\n")
+    assert wait_until(lambda: len(session_of(int(handle.job_id))) == 2, 10)  # the trap is set: bash started the sleep
     assert lifecycle.cancel(experiments.find(EXP))
     assert handle.state == "RUNNING" and status.collect([experiments.find(EXP)])[0].state is State.RUNNING
-    assert wait_until(lambda: not handle.alive(), 15) and handle.state == "CANCELLED"
+    assert wait_until(lambda: not handle.alive(), 30) and handle.state == "CANCELLED"
 
 
 def test_another_script_of_the_experiment_folder_is_not_its_job(bertctl_home):
