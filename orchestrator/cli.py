@@ -238,7 +238,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from orchestrator.export import export
 
     print(export(experiments.find(args.experiment), run=args.run, checkpoint=args.checkpoint, to=args.to,
-                 force=args.force, vocab=args.vocab))
+                 force=args.force, vocab=args.vocab, cased=args.cased))
     return 0
 
 
@@ -518,6 +518,8 @@ def export_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--force", action="store_true", help="replace DIR when it holds an earlier export")
     p.add_argument("--vocab", metavar="FILE", help="the vocab.txt the training data was tokenized with (default: the one "
                                                    "the dataset's prepared.json records)")
+    p.add_argument("--cased", action="store_true", help="the vocabulary is cased: the tokenizer keeps case and accents "
+                                                         "(default: as the dataset's prepared.json records, else uncased)")
 
 
 def preflight_args(p: argparse.ArgumentParser) -> None:

@@ -44,12 +44,12 @@ class Vocabulary:
 
 
 def export(exp, run: int | None = None, checkpoint: str | None = None, to: str = "", force: bool = False,
-           vocab: str | None = None) -> Path:
+           vocab: str | None = None, cased: bool = False) -> Path:
     """Write the model folder `to`; its path. Every user mistake is one UserError before anything is written."""
     cfg = run_config(exp)
     target = destination(to, force)
     source = checkpoint_source(checkpoint) if checkpoint else run_source(exp, cfg, run)
-    vocabulary = find_vocabulary(cfg, vocab)
+    vocabulary = find_vocabulary(cfg, vocab, cased)
     card = model_card(exp, cfg, source, vocabulary, run_result(exp, source.run) if source.run is not None else None)
     return write_folder(exp, source, vocabulary, card, target)
 
@@ -118,11 +118,12 @@ def final_weights(exp, cfg: RunConfig, run: int) -> Path:
         raise UserError(str(e), where="run.yaml checkpoint.dir") from None
 
 
-def find_vocabulary(cfg: RunConfig, given: str | None) -> Vocabulary:
+def find_vocabulary(cfg: RunConfig, given: str | None, cased: bool = False) -> Vocabulary:
     """--vocab, else the vocabulary the dataset of data.train_dir records in its prepared.json; lower-cased
-    as the dataset was (datasets prepared before bertctl recorded it: uncased, as both shipped manifests)."""
+    as the dataset was, unless --cased (datasets prepared before bertctl recorded it: uncased, as both shipped
+    manifests)."""
     record, where = dataset_record(cfg.data.train_dir)
-    lower_case = ((record or {}).get("vocab") or {}).get("lower_case", True)
+    lower_case = not cased and ((record or {}).get("vocab") or {}).get("lower_case", True)
     if given:
         path = Path(given).expanduser().absolute()
         if not path.is_file():

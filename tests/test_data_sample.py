@@ -35,6 +35,7 @@ def test_the_sample_lands_where_the_local_cluster_reads_it(root, vocab):
     assert [p.name for p in shard_files(root / "eval")] == ["part_eval_1000.hdf5"]
     record = json.loads((root / "prepared.json").read_text())
     assert record["outputs"]["eval"]["samples"] == 1000
+    assert record["vocab"] == {"file": str(root / "vocab.txt"), "tokens": 8192, "lower_case": True}  # export's tokenizer
     assert record["outputs"]["train"]["samples"] >= 2000 and record["outputs"]["train_128"]["samples"] >= 8000
     assert 1.0e6 < record["corpus"]["corpus_bytes"] < 10e6  # a real corpus of a few MB
     assert not (root / ".work").exists() and not list(root.rglob(".*.tmp-*"))

@@ -28,14 +28,18 @@ def run_yaml(model: dict) -> str:
         "mlperf": {"division": "open"}}).to_yaml()
 
 
-def vocab_file(folder: Path, size: int) -> Path:
-    """A BERT vocabulary of `size` tokens (special tokens first) and the dataset record that names it."""
+WORDS = ["Hello", "hello", "café", "cafe"]  # how a cased and an uncased tokenizer tell themselves apart
+
+
+def vocab_file(folder: Path, size: int, lower_case: bool = True, name: str = "vocab.txt") -> Path:
+    """A BERT vocabulary of `size` tokens (special tokens first, then WORDS) and the dataset record that names it
+    and its casing, as `bertctl data prepare` writes it."""
     folder.mkdir(parents=True, exist_ok=True)
-    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"w{i}" for i in range(size - 5)]
-    (folder / "vocab.txt").write_text("".join(t + "\n" for t in tokens))
-    (folder / "prepared.json").write_text(json.dumps({"dataset": "made", "vocab": {"file": str(folder / "vocab.txt"),
-                                                                                    "tokens": size, "lower_case": True}}))
-    return folder / "vocab.txt"
+    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS + [f"w{i}" for i in range(size - 5 - len(WORDS))]
+    (folder / name).write_text("".join(t + "\n" for t in tokens), encoding="utf-8")
+    (folder / "prepared.json").write_text(json.dumps({"dataset": "made", "vocab": {
+        "file": str(folder / "vocab.txt"), "tokens": size, "lower_case": lower_case}}))
+    return folder / name
 
 
 def experiment(home: Path, finished: bool = True, weights: bool = True) -> tuple[str, Path]:
@@ -152,4 +156,45 @@ def test_a_padded_vocabulary_is_the_models_and_the_tokenizer_keeps_the_real_one(
     # an earlier export is replaced with --force, and only then
     refused(run_cli("export", exp, "--to", str(tmp_path / "hf")), "is not empty")
     assert run_cli("export", exp, "--to", str(tmp_path / "hf"), "--force").code == 0
+    no_partial_left(tmp_path)
+
+
+def tokens_of(folder: Path, text: str) -> list[str]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    return tokenizer.convert_ids_to_tokens(tokenizer(text)["input_ids"])
+
+
+def test_the_tokenizer_keeps_the_case_the_dataset_records_and_cased_keeps_it_for_any(bertctl_home, tmp_path):
+    exp, _ = experiment(bertctl_home)
+    assert run_cli("export", exp, "--to", str(tmp_path / "uncased")).code == 0
+    assert tokens_of(tmp_path / "uncased", "Hello café") == ["[CLS]", "hello", "cafe", "[SEP]"]
+    assert "(lower-cased, accents stripped)" in (tmp_path / "uncased" / "README.md").read_text()
+    assert run_cli("export", exp, "--cased", "--to", str(tmp_path / "cased")).code == 0
+    assert tokens_of(tmp_path / "cased", "Hello café") == ["[CLS]", "Hello", "café", "[SEP]"]
+    vocab_file(bertctl_home / "datasets" / "made", SMALL["vocab_size"], lower_case=False)  # a cased dataset's record
+    assert run_cli("export", exp, "--to", str(tmp_path / "recorded")).code == 0
+    assert tokens_of(tmp_path / "recorded", "Hello café") == ["[CLS]", "Hello", "café", "[SEP]"]
+    assert "(cased)" in (tmp_path / "recorded" / "README.md").read_text()
+
+
+def test_vocab_names_the_vocabulary_and_one_that_does_not_fit_is_refused(bertctl_home, tmp_path):
+    from transformers import AutoTokenizer
+
+    exp, _ = experiment(bertctl_home)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    given = mine / "vocab.txt"
+    given.write_text("".join(t + "\n" for t in ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "only", "these"]))
+    assert run_cli("export", exp, "--vocab", str(given), "--to", str(tmp_path / "hf")).code == 0
+    assert len(AutoTokenizer.from_pretrained(tmp_path / "hf")) == 7 and tokens_of(tmp_path / "hf", "these") == [
+        "[CLS]", "these", "[SEP]"]
+    assert "(from --vocab)" in (tmp_path / "hf" / "README.md").read_text()
+    refused(run_cli("export", exp, "--vocab", str(mine / "nope.txt"), "--to", str(tmp_path / "out")),
+            "--vocab", "nope.txt: no such file")
+    wide = vocab_file(tmp_path / "wide", 1200, name="wide.txt")
+    refused(run_cli("export", exp, "--vocab", str(wide), "--to", str(tmp_path / "out")),
+            "wide.txt", "1200 tokens, more than the model's vocab_size 1001")
+    assert not (tmp_path / "out").exists()
     no_partial_left(tmp_path)

@@ -311,7 +311,9 @@ def finish_task(plan: Plan) -> dict:
     files.write_json(plan.prepared, {
         "dataset": m.name, "params": m.params_digest(), "python": platform.python_version(),
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "corpus": corpus,
-        "vocab": {"file": str(vocab), "tokens": len(read_vocab(vocab))} if vocab and vocab.exists() else None,
+        # the casing goes with the file: export builds the tokenizer that splits text as these shards were split
+        "vocab": ({"file": str(vocab), "tokens": len(read_vocab(vocab)), "lower_case": m.vocab.lower_case}
+                  if vocab and vocab.exists() else None),
         "outputs": outputs,
     })
     if not m.prepare.keep_work:
