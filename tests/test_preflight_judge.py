@@ -198,3 +198,23 @@ def test_a_missing_rank_flags_its_node_in_one_line_and_a_rank_named_in_other_dig
     verdict = preflight.assess("e", reports, 2, 1, threshold=10)
     assert verdict.flagged == ["node #1 of the job"]
     assert verdict.nodes[1].reasons == ["no report from rank(s) 1: the node died or never started"]
+
+
+def test_a_report_of_a_rank_the_job_does_not_have_fails_the_check_and_blames_no_node(tmp_path):
+    """Two ranks stopped at the same point (the job was killed) beside rank_5.json of a job with more ranks: it
+    is named, the check fails, and its further progress does not make the job's own ranks "stopped mid-check"."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    stopped = {r: {**report(r, f"node{r + 1}", matmul=10.0), "done": False} for r in (0, 1)}
+    verdict = preflight.assess("e", {**stopped, 5: report(5, "node6", matmul=10.0, storage=1.0)}, 2, 1, threshold=10)
+    assert verdict.flagged == [] and verdict.broken == {} and verdict.failed
+    assert verdict.strangers == ["rank_5.json: rank 5, but the job has 2 rank(s), 0 to 1: written by another job or by "
+                                 "a job started with more ranks than the cluster file gives it"]
+    assert [n.reasons for n in verdict.nodes] == [[], []] and "storage" not in verdict.medians
+    assert verdict.as_json()["reports_of_no_rank"] == verdict.strangers
+    out = StringIO()
+    preflight.print_tables(verdict, Console(file=out, width=300))
+    assert "report of no rank rank_5.json: rank 5, but the job has 2 rank(s)" in out.getvalue()
+    assert not preflight.assess("e", stopped, 2, 1, threshold=10).failed

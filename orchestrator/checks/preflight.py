@@ -99,11 +99,12 @@ class Verdict:
     excluded: str | None = None  # the cluster's slurm.exclude already: the override keeps it
     time_to_train: dict | None = None  # predict.Prediction.as_json(), or {"error": why not}
     broken: dict[str, str] = field(default_factory=dict)  # measures no rank measured sensibly: why
+    strangers: list[str] = field(default_factory=list)  # reports of ranks the job does not have: why each is one
 
     @property
     def failed(self) -> bool:
-        """A node is flagged or a measure failed everywhere: the verb's exit code is 1."""
-        return bool(self.flagged or self.broken)
+        """A node is flagged, a measure failed everywhere, or a report is no rank's of the job: exit code 1."""
+        return bool(self.flagged or self.broken or self.strangers)
 
     @property
     def flagged(self) -> list[str]:
@@ -118,7 +119,7 @@ class Verdict:
         return {"experiment": self.experiment, "threshold": self.threshold, "flagged": self.flagged,
                 "override": self.override(), "medians": self.medians,
                 "nodes": [asdict(n) | {"flagged": n.flagged} for n in self.nodes], "time_to_train": self.time_to_train,
-                "broken_measures": self.broken}
+                "broken_measures": self.broken, "reports_of_no_rank": self.strangers}
 
 
 # ---- gathering ---------------------------------------------------------------------------------
@@ -282,6 +283,7 @@ def node_names(reports: dict[int, dict], world_size: int, per_node: int, allocat
 
 def assess(exp_id: str, reports: dict[int, dict], world_size: int, per_node: int, threshold: float,
            allocated: list[str] = ()) -> Verdict:
+    reports, strangers = the_jobs_ranks(reports, world_size)
     reports, broken = checked_reports(reports)
     names = node_names(reports, world_size, per_node, list(allocated))
     nodes = [NodeVerdict(name, list(range(k * per_node, (k + 1) * per_node))) for k, name in enumerate(names)]
@@ -302,7 +304,17 @@ def assess(exp_id: str, reports: dict[int, dict], world_size: int, per_node: int
             if figure.vs_median <= 1 - threshold / 100:
                 node.reasons.append(f"{MEASURES[measure]}: {figure.value:.4g} {figure.unit} on rank {figure.rank}, "
                                     f"{100 * (1 - figure.vs_median):.0f} % below the median {medians[measure]:.4g}")
-    return Verdict(exp_id, threshold, nodes, medians, broken=broken)
+    return Verdict(exp_id, threshold, nodes, medians, broken=broken, strangers=strangers)
+
+
+def the_jobs_ranks(reports: dict[int, dict], world_size: int) -> tuple[dict[int, dict], list[str]]:
+    """The reports of the job's ranks, and why each other is none of theirs. Such a report is judged apart: its
+    figures would join no node's, but its progress would make the job's own ranks look stopped mid-check."""
+    ours = {rank: report for rank, report in reports.items() if rank < world_size}
+    strangers = [f"rank_{rank}.json: rank {rank}, but the job has {world_size} rank(s), 0 to {world_size - 1}: written by "
+                 "another job or by a job started with more ranks than the cluster file gives it"
+                 for rank in sorted(set(reports) - set(ours))]
+    return ours, strangers
 
 
 def progress(report: dict) -> int:
@@ -351,7 +363,7 @@ def run(cluster, threshold: float, say) -> tuple[Experiment, Verdict]:
                          f"{exp.log_file(0)} (`bertctl logs {exp.id}`)")
     verdict = assess(exp.id, reports, world, per_node, threshold, allocated_nodes(exp))
     verdict.excluded = config.slurm.exclude if config.executor == "slurm" else None
-    verdict.time_to_train = predicted_time(checked_reports(reports)[0], config.run)
+    verdict.time_to_train = predicted_time(checked_reports(the_jobs_ranks(reports, world)[0])[0], config.run)
     if final.state.value != "COMPLETED":
         blame_first_failure(verdict, exp.log_file(0))
     write_json(exp.path / "preflight.json", verdict.as_json() | {"job_state": final.state.value,
@@ -460,6 +472,8 @@ def print_tables(verdict: Verdict, console) -> None:
                       f"leave them out with: {verdict.override()}", highlight=False, soft_wrap=True)
     else:
         console.print(f"no node flagged (threshold {verdict.threshold:g} % below the median)", highlight=False)
+    for why in verdict.strangers:
+        console.print(f"[red]report of no rank[/red] {why}", highlight=False, soft_wrap=True)
     for measure, why in verdict.broken.items():
         console.print(f"[red]measure failed[/red] {MEASURES.get(measure, measure)}: no rank measured it sensibly "
                       f"({why}): a failure of the measure, not of a node", highlight=False, soft_wrap=True)
