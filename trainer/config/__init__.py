@@ -6,6 +6,7 @@
 - `paths`    `~` and `$VARS` in configured paths, expanded on the node that uses them
 - `checkpoint_folder` which checkpoint of a run is the latest and whether its log is the one it saw (trainer and status)
 - `base`     frozen sections, `ConfigProblem` (a broken rule with its key) and `first_problem`
+- `exits`    the requeue exit code, importing nothing (the trainer's first lines need it)
 
 May import: nothing of bertctl beyond this package
 """
@@ -19,7 +20,8 @@ _HOME = {
     "base": ["ConfigProblem", "Section", "first_problem"],
     "dataset": ["DatasetManifest", "DatasetOutput", "load_dataset_manifest"],
     "paths": ["DEFAULT_BERTCTL_HOME", "PathError", "expand_path"],
-    "run": ["BIN_EDGES", "FINAL_WEIGHTS", "REQUEUE_EXIT_CODE", "BalanceConfig", "CheckpointConfig", "DataConfig",
+    "exits": ["REQUEUE_EXIT_CODE"],
+    "run": ["BIN_EDGES", "FINAL_WEIGHTS", "BalanceConfig", "CheckpointConfig", "DataConfig",
             "MLPerfConfig", "MetricsConfig", "ModelConfig", "OptimConfig", "RunConfig", "RuntimeConfig", "TrainConfig",
             "load_run_config", "mlperf_eval_interval"],
 }

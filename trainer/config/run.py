@@ -23,9 +23,6 @@ from trainer.config.paths import expand_path
 # Samsung's strata: sequence-length bins by their inclusive upper edges (1-128, 129-256, ...).
 BIN_EDGES = (128, 256, 384, 512)
 
-# A rank exits with this (EX_TEMPFAIL) after saving a checkpoint on SIGUSR2/SIGTERM; the job
-# script then requeues the job and the run resumes from the checkpoint.
-REQUEUE_EXIT_CODE = 75
 
 
 class ModelConfig(Section):

@@ -20,7 +20,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from trainer.config.run import REQUEUE_EXIT_CODE
+from trainer.config.exits import REQUEUE_EXIT_CODE  # not .run: pydantic would load before the handler is set
 
 JOB_PID = "BERTCTL_JOB_PID"
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
