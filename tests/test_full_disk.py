@@ -101,3 +101,16 @@ def test_a_checkpoint_that_does_not_fit_leaves_no_staging_folder(full_disk, wher
         Checkpoints(folder, keep=2, rank=0).save(4, {"model": torch.zeros(1 << 18)}, {"data": {}, "rng": {}})
     assert "No space left on device" in str(failed.value) and str(folder) in str(failed.value)
     assert not [p for p in full_disk.rglob("*") if p.name.endswith(".partial") or p.name.startswith("step_")]
+
+
+def test_final_weights_that_do_not_fit_name_the_file_and_leave_no_temporary_file(full_disk):
+    """A run's final weights (trainer/checkpoints/run.py::write_model) on a full disk once named their hidden
+    temporary file `.final.pt.partial`, and left it behind."""
+    import torch
+
+    from trainer.checkpoints.run import OutputError, write_model
+
+    with pytest.raises(OutputError) as failed:
+        write_model(full_disk / "existing" / "final.pt", torch.nn.Linear(256, 256))
+    assert str(failed.value) == f"{full_disk / 'existing' / 'final.pt'}: cannot write: No space left on device"
+    assert list((full_disk / "existing").iterdir()) == []

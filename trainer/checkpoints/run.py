@@ -244,12 +244,17 @@ def set_rng_state(state: dict) -> None:
 
 
 def write_model(path: str | Path, model: torch.nn.Module) -> Path:
-    """The weights alone, as {"model": state_dict} (NVIDIA's phase-1 checkpoint format), atomically."""
+    """The weights alone, as {"model": state_dict} (NVIDIA's phase-1 checkpoint format), atomically: a failed
+    write names `path` and leaves no temporary file behind."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.partial")
-    save_file({"model": model.state_dict()}, tmp)
-    os.replace(tmp, path)
+    try:
+        save_file({"model": model.state_dict()}, tmp)
+        os.replace(tmp, path)
+    except (OutputError, OSError) as e:
+        tmp.unlink(missing_ok=True)
+        raise OutputError(path, e.reason if isinstance(e, OutputError) else f"cannot write: {e.strerror or e}") from None
     return path
 
 
