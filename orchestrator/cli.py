@@ -457,7 +457,8 @@ def resume_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--follow", action="store_true", help="stay and stream the runs' logs until the experiment ends")
     p.add_argument("--force", action="store_true", help="resume even though the scheduler did not answer (state UNKNOWN)")
     p.add_argument("--restart", action="store_true", help="start the runs again from their beginning: their checkpoints, "
-                   "MLPerf logs and metrics are moved to EXP/set_aside/ (for a checkpoint or log a resume refuses)")
+                   "MLPerf logs, metrics and TensorBoard curves are moved to EXP/set_aside/ (for a checkpoint or log a resume "
+                   "refuses)")
 
 
 def rerun_args(p: argparse.ArgumentParser) -> None:

@@ -171,6 +171,10 @@ def test_status_names_the_checkpoint_the_trainer_resumes_from(reference, bertctl
 def test_a_resume_the_trainer_would_refuse_is_refused_before_anything_changes_and_restart_sets_the_run_aside(
         reference, bertctl_home, monkeypatch):
     exp, crash = interrupted_experiment(bertctl_home, reference)
+    curves = sorted(p.relative_to(reference[2]).as_posix() for p in (reference[2] / "tensorboard" / "run_0").rglob("*"))
+    assert any("tfevents" in name for name in curves), curves  # the reference run's TensorBoard event files
+    shutil.copytree(reference[2] / "tensorboard" / "run_0", exp.path / "tensorboard" / "run_0")
+    shutil.copytree(reference[2] / "metrics", exp.path / "metrics")
     harness._delete_latest_folder(exp.path)  # `latest` names a checkpoint that is gone
     pointer = exp.path / "checkpoints" / "run_0" / "latest"
     run = status.collect([exp])[0].runs[0]
@@ -187,8 +191,11 @@ def test_a_resume_the_trainer_would_refuse_is_refused_before_anything_changes_an
     monkeypatch.setattr(submit, "launch", lambda exp, runs: launched.append(runs) or ["4242"])
     assert lifecycle.resume(exp, restart=True).job_ids == ["4242"] and launched == [None]
     (aside,) = (exp.path / "set_aside").iterdir()
-    assert sorted(p.name for p in aside.iterdir()) == ["result_0.txt", "run_0"]  # kept, not deleted
+    assert sorted(p.name for p in aside.iterdir()) == ["result_0.txt", "run_0", "run_0.jsonl", "tensorboard"]  # kept, not deleted
+    assert sorted("tensorboard/run_0/" + p.relative_to(aside / "tensorboard").as_posix()
+                  for p in (aside / "tensorboard").rglob("*")) == curves
     assert not (exp.path / "runs" / "0.started").exists() and not (exp.path / "checkpoints" / "run_0").exists()
+    assert not (exp.path / "tensorboard" / "run_0").exists() and not (exp.path / "metrics" / "run_0.jsonl").exists()
 
 
 def finished_experiment(home: Path, exit_record: str | None) -> experiments.Experiment:

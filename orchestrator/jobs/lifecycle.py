@@ -119,13 +119,17 @@ def refuse_unknown(exp: Experiment, view: status.ExperimentView, doing: str, for
 
 
 def set_aside(exp: Experiment, run: int) -> Path:
-    """Run N's checkpoints, MLPerf log and metrics moved to EXP/set_aside/run_N-<time>/ (kept, not deleted): the run
-    starts again from its beginning, as if it had never started."""
+    """Run N's checkpoints, MLPerf log, metrics and TensorBoard curves moved to EXP/set_aside/run_N-<time>/ (kept, not
+    deleted): the run starts again from its beginning, as if it had never started (its curves too: TensorBoard would
+    otherwise show the new run's event files over the old run's, in one folder)."""
     folder = exp.path / "set_aside" / f"run_{run}-{time.strftime('%Y%m%dT%H%M%S')}"
-    for path in (status.run_checkpoint_folder(exp, run), exp.result_file(run), exp.path / "metrics" / f"run_{run}.jsonl"):
+    moved = {status.run_checkpoint_folder(exp, run): None, exp.result_file(run): None,
+             exp.path / "metrics" / f"run_{run}.jsonl": None,
+             exp.path / "tensorboard" / f"run_{run}": "tensorboard"}  # trainer/loop/curves.py::curves_folder
+    for path, name in moved.items():
         if path.exists() or path.is_symlink():
             folder.mkdir(parents=True, exist_ok=True)
-            shutil.move(path, folder / path.name)
+            shutil.move(path, folder / (name or path.name))  # the curves' run_N would meet the checkpoints' run_N
     return folder
 
 
