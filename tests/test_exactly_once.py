@@ -87,6 +87,26 @@ def test_without_the_rewind_the_same_kill_doubles_the_evaluation(reference, monk
 
 
 @pytest.mark.slow
+def test_a_run_requeued_before_its_first_checkpoint_starts_its_log_over_after_cache_clear(reference, tmp_path):
+    """A node fails while the run trains, before its first checkpoint; Slurm requeues the job, whose script keeps
+    the log (the run had started: its cache_clear is logged) and starts the trainer again, from nothing. The
+    earlier attempt's lines go, the launcher's cache_clear stays: not two init_starts and two run_starts."""
+    from trainer.mlperf import log_cache_clear
+
+    work, recipe, out, log, positions = reference
+    cut = line_ends(log, "run_start")[0]  # the run began; its first checkpoint is taken after its first block_start
+    assert cut < min(positions.values())
+    result = tmp_path / "run" / "results" / "result_0.txt"
+    result.parent.mkdir(parents=True)
+    log_cache_clear(result)
+    with result.open("ab") as f:
+        f.write(log[:cut])
+    assert harness.train(recipe, tmp_path / "run") == 0
+    got = harness.events(result)
+    assert got[0][0] == "cache_clear" and got[1:] == harness.events(out / "results" / "result_0.txt")
+
+
+@pytest.mark.slow
 def test_a_kill_after_run_stop_keeps_the_converged_result(reference):
     _, _, _, log, positions = reference
     verdict, action = outcome(reference, crash_after(log, positions, len(log)))

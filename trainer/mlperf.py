@@ -208,6 +208,21 @@ def logged_run_stop(path: str | Path) -> str | None:
     return status
 
 
+def first_trainer_event(path: str | Path) -> int | None:
+    """The byte offset of the log's first line the trainer wrote (its init_start; the launcher's cache_clear
+    lines come before it), or None when the trainer wrote none (or there is no log)."""
+    offset = 0
+    try:
+        with open_regular(path, "rb") as f:
+            for raw in f:
+                if b'"init_start"' in raw:
+                    return offset
+                offset += len(raw)
+    except OSError:
+        return None
+    return None
+
+
 def _run_stop_status(raw: bytes) -> str | None:
     try:
         event = json.loads(raw.decode("utf-8", errors="replace").partition(":::MLLOG")[2])

@@ -43,7 +43,7 @@ from trainer.loop.state import Counts, Step, first_state, most_sequences_per_ste
 from trainer.loop.stragglers import ComputeClock
 from trainer.loop.tally import Tally
 from trainer.loop.warmup import warm_up
-from trainer.mlperf import RunLogger, logged_run_stop
+from trainer.mlperf import RunLogger, first_trainer_event, logged_run_stop
 from trainer.model.bert import BertForPreTraining
 from trainer.model.compiled import CompileFailed
 from trainer.model.fp8 import to_fp8_training
@@ -70,6 +70,8 @@ class Trainer:
         resume = self.checkpoints.resume_point(args.result_log, {"seed": self.seed, "run_index": args.run_index})
         if self.rank0 and resume is not None:
             rewind_to_checkpoint(args.result_log, resume.log.size)
+        elif self.rank0:
+            start_over(args.result_log)
         self.mllog = RunLogger(args.result_log, enabled=self.rank0, resumed=resume is not None)
         self.mllog.init_start()
         self.mllog.submission(cfg.mlperf)
@@ -270,6 +272,15 @@ def rewind_to_checkpoint(log: Path, position: int | None) -> None:
     block) is cut, because the run logs it again when it gets there (never twice)."""
     if cut := rewind_log(log, position):
         print(f"{log.name}: {cut} byte(s) logged after the checkpoint cut (the resumed run logs them again)", flush=True)
+
+
+def start_over(log: Path) -> None:
+    """A run with no checkpoint starts from the beginning: what an earlier attempt logged (a requeue after a
+    node failed before the first checkpoint, a stop before the run began) is cut, from its init_start on; the
+    launcher's cache_clear lines before it stay."""
+    if cut := rewind_log(log, first_trainer_event(log)):
+        print(f"{log.name}: no checkpoint, the run starts from the beginning: {cut} byte(s) an earlier attempt "
+              "logged cut", flush=True)
 
 
 def build_model(cfg: RunConfig, device: torch.device) -> BertForPreTraining:
