@@ -200,8 +200,9 @@ def test_a_bad_run_yaml_and_a_built_phase_answer_before_torch_loads(tmp_path):
 
 
 def test_special_files_and_negative_numbers_are_one_line_before_torch_loads(tmp_path):
-    """A FIFO as --config once blocked forever, a folder or a negative --seed / --run-index was a traceback:
-    each is one line and exit 2, in one process that never imports torch (a FIFO that blocked would time out)."""
+    """A FIFO as --config once blocked forever, a folder or a negative --seed / --run-index was a traceback, and
+    /dev/null as --out was blamed on the checkpoint pointer under it: each is one line and exit 2, in one process
+    that never imports torch (a FIFO that blocked would time out)."""
     good = tiny_run_config(tmp_path)
     fifo = tmp_path / "run.fifo"
     os.mkfifo(fifo)
@@ -211,7 +212,9 @@ def test_special_files_and_negative_numbers_are_one_line_before_torch_loads(tmp_
              (["--config", "/dev/zero", *out], "/dev/zero: is a character device, not a regular file"),
              (["--config", str(good), "--seed", "-7", *out], "argument --seed: must be a whole number from 0, got '-7'"),
              (["--config", str(good), "--run-index", "-1", *out], "argument --run-index: must be a whole number from 0, got '-1'"),
-             (["--config", str(good), "--seed", "\u0661", *out], "argument --seed: must be a whole number from 0")]
+             (["--config", str(good), "--seed", "\u0661", *out], "argument --seed: must be a whole number from 0"),
+             (["--config", str(good), "--out", "/dev/null"], "/dev/null: --out must be a folder"),
+             (["--config", str(good), "--out", str(fifo)], f"{fifo}: --out must be a folder")]
     probe = ("import contextlib, io, json, sys\nfrom trainer.loop.entry import main\nanswers = []\n"
              "for argv in json.loads(sys.argv[1]):\n    err = io.StringIO()\n    with contextlib.redirect_stderr(err):\n"
              "        try:\n            code = main(argv)\n        except SystemExit as e:\n            code = e.code\n"

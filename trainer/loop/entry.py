@@ -63,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
         return fail(f"{args.config}: {key}: {message}")
     except (yaml.YAMLError, TypeError, UnicodeDecodeError) as e:
         return fail(f"{args.config}: not a run configuration ({str(e).splitlines()[0]})")
+    if Path(args.out).exists() and not Path(args.out).is_dir():  # /dev/null, a FIFO, a file: no folder for the run
+        return fail(f"{args.out}: --out must be a folder (the run writes results/, checkpoints/ and metrics/ in it)")
     try:
         with built_once(cfg.checkpoint.final_model, args.once) as needed:
             if not needed:
