@@ -284,3 +284,15 @@ def test_sacct_output_that_is_no_table_is_one_line_never_a_traceback(bertctl_hom
     shown = run_cli("status", EXP, "--json")
     assert shown.code == 0 and "Traceback" not in shown.err
     assert json.loads(shown.out)["experiments"][0]["state"] == "UNKNOWN"
+
+
+def test_resume_without_the_job_script_is_one_line_and_changes_nothing(bertctl_home):
+    """The script was checked last, by launch(), after the run's interrupted marker was gone: a traceback."""
+    exp = experiment(bertctl_home, job_ids=["999999999"])  # its job ended: no such process, its exit recorded
+    (exp.path / "job.exit").write_text("75\n")
+    (exp.path / "runs" / "0.started").touch()
+    (exp.path / "runs" / "0.interrupted").write_text("75\n")
+    refused = run_cli("resume", EXP)
+    assert refused.code == 2 and refused.err.count("\n") == 1 and "Traceback" not in refused.err, refused.err
+    assert "its job script job.sh is missing" in refused.err and "nothing was changed" in refused.err
+    assert sorted(p.name for p in (exp.path / "runs").iterdir()) == ["0.interrupted", "0.started"]

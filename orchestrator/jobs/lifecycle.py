@@ -85,6 +85,10 @@ def resume(exp: Experiment, runs: list[int] | None = None, force: bool = False, 
             raise UserError(f"run {run} completed: nothing to resume", where="--run")
     if not chosen:
         raise UserError("every run completed: nothing to resume", where=exp.id)
+    script = exp.path / exp.script
+    if not script.is_file():  # checked before anything changes: launch() reads it last
+        raise UserError(f"its job script {script.name} is missing from {exp.path}: nothing was changed (`bertctl rerun "
+                        f"{exp.id}` renders the experiment again from its cluster file)", where=exp.id)
     for run in [] if restart else chosen:
         if refused := status.resume_refusal(exp, run):
             raise UserError(f"run {run} cannot resume: {refused}; nothing was changed. To start it again from its "
