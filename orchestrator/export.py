@@ -40,7 +40,8 @@ class Source:
 class Vocabulary:
     file: Path
     lower_case: bool
-    origin: str  # where it was found, for the card
+    origin: str  # where it was found, as the card says it
+    dataset: str  # the training data, as the card names it
 
 
 def export(exp, run: int | None = None, checkpoint: str | None = None, to: str = "", force: bool = False,
@@ -124,18 +125,20 @@ def find_vocabulary(cfg: RunConfig, given: str | None, cased: bool = False) -> V
     manifests)."""
     record, where = dataset_record(cfg.data.train_dir)
     lower_case = not cased and ((record or {}).get("vocab") or {}).get("lower_case", True)
+    dataset = (f"the dataset `{record['dataset']}`" if (record or {}).get("dataset")
+               else f"the folder `{Path(cfg.data.train_dir).name}`")
     if given:
         path = Path(given).expanduser().absolute()
         if not path.is_file():
             raise UserError(f"{given}: no such file", where="--vocab")
-        return Vocabulary(path, lower_case, "--vocab")
+        return Vocabulary(path, lower_case, "--vocab", dataset)
     if record is None:
         raise UserError(f"no {PREPARED} at or above data.train_dir ({cfg.data.train_dir}): not a dataset bertctl "
                         "prepared; give the vocab.txt its shards were tokenized with", where="--vocab")
     if not record.get("vocab"):
         raise UserError(f"{where} records no vocabulary (a TFRecord source without vocab.file); give the vocab.txt "
                         "its shards were tokenized with", where="--vocab")
-    return Vocabulary(Path(record["vocab"]["file"]), lower_case, str(where))
+    return Vocabulary(Path(record["vocab"]["file"]), lower_case, f"{dataset}'s {PREPARED}", dataset)
 
 
 def dataset_record(train_dir: str) -> tuple[dict | None, Path | None]:
@@ -163,24 +166,33 @@ def run_result(exp, run: int):
 
 
 def model_card(exp, cfg: RunConfig, source: Source, vocabulary: Vocabulary, result) -> str:
-    """The card's Markdown: what the model is, where it comes from, its MLPerf result, the recipe, its vocabulary."""
+    """The card's Markdown: what the model is, where it comes from, its MLPerf result, the recipe, its vocabulary.
+    The card is written for the Hugging Face Hub: it names files, never where they lie on this machine."""
     m, t, o = cfg.model, cfg.train, cfg.optim
+    checkpoint = f"`{card_path(source.weights, exp)}`"
     origin = (f"experiment `{exp.id}`, run {source.run} (seed {exp.seeds[source.run] if source.run < len(exp.seeds) else '-'})"
-              if source.run is not None else f"the checkpoint `{source.weights}`, with the shape and vocabulary of experiment "
+              if source.run is not None else f"the checkpoint {checkpoint}, with the shape and vocabulary of experiment "
                                              f"`{exp.id}`")
     lines = [f"# BERT pretrained with bertctl: {exp.id}" + (f", run {source.run}" if source.run is not None else ""), "",
              f"A BERT of {m.num_layers} layers, hidden size {m.hidden_size}, {m.num_heads} attention heads and "
              f"intermediate size {m.intermediate_size}, pretrained (masked LM and next-sentence prediction) by bertctl "
              f"the MLPerf way: {origin}, on cluster `{exp.cluster}`.", "", "## MLPerf result", ""]
     lines += result_lines(result, t.target_accuracy) if result else [
-        "None: this is a checkpoint file, not a finished run's final weights; the experiment's runs have their own."]
-    lines += ["", "## Recipe", "",
-              f"- data: `{cfg.data.train_dir}`, sequences of up to {cfg.data.max_seq_length} tokens, "
+        f"None attached: exported from the checkpoint {checkpoint}, not as a finished run's final weights (`--run`); "
+        f"the experiment's runs have their own results (`bertctl compliance-check {exp.id}`)."]
+    lines += ["", "## Recipe" if result else "## The experiment's recipe", ""]
+    if not result:
+        taken_in_a_run = Path(source.weights).is_relative_to(exp.path.absolute())
+        lines += [f"The recipe of experiment `{exp.id}`, whose model shape and vocabulary the export took. "
+                  + ("The checkpoint was taken during one of its runs, so this recipe trained it, up to that point."
+                     if taken_in_a_run else "The checkpoint comes from outside the experiment: this is not a record of "
+                                            "how it was trained."), ""]
+    lines += [f"- data: {vocabulary.dataset}, sequences of up to {cfg.data.max_seq_length} tokens, "
               f"{cfg.data.max_predictions_per_seq} masked positions at most",
               f"- optimizer: {o.name}, learning rate {o.lr:g}, {o.warmup_steps} warm-up steps, schedule {o.schedule}, "
               f"at most {o.max_steps} steps; global batch {t.global_batch_size} sequences",
               f"- stopping: eval masked-LM accuracy {t.target_accuracy} or {t.max_samples_termination:,} samples",
-              f"- initial weights: `{t.init_checkpoint}`" if t.init_checkpoint else "- initial weights: random",
+              f"- initial weights: `{card_path(t.init_checkpoint, exp)}`" if t.init_checkpoint else "- initial weights: random",
               f"- precision {cfg.runtime.precision} on {cfg.runtime.device}, {cfg.world_size} rank(s); the whole "
               "configuration is the experiment's run.yaml", "", "## Vocabulary", ""]
     lines.append(vocabulary_text(m, vocabulary))
@@ -188,6 +200,15 @@ def model_card(exp, cfg: RunConfig, source: Source, vocabulary: Vocabulary, resu
               "tokenizer = AutoTokenizer.from_pretrained(FOLDER)",
               "model = BertForPreTraining.from_pretrained(FOLDER)  # or BertForSequenceClassification to fine-tune", "```"]
     return "\n".join(lines) + "\n"
+
+
+def card_path(path: str | Path, exp) -> str:
+    """A path as the card shows it: relative to the experiment's folder where it lies in it, else the file's name."""
+    try:
+        absolute = Path(expand_path(str(path))).expanduser().absolute()
+    except PathError:  # a variable this shell does not set: the name is all the card needs
+        return Path(str(path)).name
+    return absolute.relative_to(exp.path.absolute()).as_posix() if absolute.is_relative_to(exp.path.absolute()) else absolute.name
 
 
 def result_lines(result, target: float) -> list[str]:

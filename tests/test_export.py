@@ -19,12 +19,12 @@ SMALL = dict(num_layers=2, hidden_size=32, num_heads=2, intermediate_size=64, vo
              hidden_dropout=0.0, attention_dropout=0.0)
 
 
-def run_yaml(model: dict) -> str:
+def run_yaml(model: dict, init_checkpoint: str | None = None) -> str:
     return RunConfig.model_validate({
         "model": model, "data": {"train_dir": "$BERTCTL_HOME/datasets/made/train", "max_seq_length": 64,
                                  "max_predictions_per_seq": 10},
         "optim": {"lr": 1e-3, "max_steps": 10}, "train": {"batch_size": 8, "global_batch_size": 8,
-                                                           "max_samples_termination": 80},
+                                                           "max_samples_termination": 80, "init_checkpoint": init_checkpoint},
         "mlperf": {"division": "open"}}).to_yaml()
 
 
@@ -154,9 +154,73 @@ def test_a_padded_vocabulary_is_the_models_and_the_tokenizer_keeps_the_real_one(
     assert card.startswith("---\nlibrary_name: transformers\n")
     assert "vocab_size is 1,008, the model's vocabulary of 1,001 padded to a multiple of 8" in card
     assert "`logits[..., :1001]`" in card and "| official checker | PASS" in card and f"experiment `{exp}`, run 0" in card
+    assert "\n## Recipe\n" in card and "- data: the dataset `made`," in card and "(from the dataset `made`'s prepared.json)" in card
+    assert str(bertctl_home) not in card and "$BERTCTL_HOME" not in card  # a card for the Hub names no path of this machine
     # an earlier export is replaced with --force, and only then
     refused(run_cli("export", exp, "--to", str(tmp_path / "hf")), "is not empty")
     assert run_cli("export", exp, "--to", str(tmp_path / "hf"), "--force").code == 0
+    no_partial_left(tmp_path)
+
+
+def exported_weights_are(folder: Path, state: dict) -> None:
+    """transformers' BertForPreTraining loads the folder with no missing, unexpected or mismatched key, and holds `state`."""
+    from transformers import BertForPreTraining as HFBert
+
+    hf, info = HFBert.from_pretrained(folder, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"], info
+    theirs = hf.state_dict()
+    assert all(torch.equal(theirs[key], value) for key, value in state.items()), [k for k in state if k not in theirs][:3]
+
+
+def test_a_checkpoint_file_and_a_run_checkpoint_folder_export_and_the_card_says_they_are_no_finished_runs_result(
+        bertctl_home, tmp_path):
+    """`--checkpoint`: a `{"model": state_dict}` file as a phase-1 or converted checkpoint is (here the experiment's
+    initial weights, outside it), and a run checkpoint `step_<N>/` as the trainer writes it (trainer/checkpoints/run.py's
+    RunCheckpoint, with the model, an optimizer's state and the loop state) in the experiment's checkpoint folder.
+    Each loads into transformers' class and holds those weights; its card says it is no finished run's result,
+    labels the recipe as the experiment's, and names files, not where they lie on this machine."""
+    from test_model import random_samples
+
+    from trainer.checkpoints.run import RunCheckpoint, run_checkpoints, write_model
+    from trainer.config import CheckpointConfig
+    from trainer.data.batch import collate
+    from trainer.loop.state import LoopState
+    from trainer.model.bert import BertForPreTraining
+
+    exp, exp_dir = experiment(bertctl_home)
+    torch.manual_seed(1)
+    phase1 = write_model(bertctl_home / "datasets" / "made" / "phase1_checkpoint" / "model.pt",
+                         BertForPreTraining(ModelConfig(**SMALL)))
+    (exp_dir / "run.yaml").write_text(run_yaml(SMALL, init_checkpoint="$BERTCTL_HOME/datasets/made/phase1_checkpoint/model.pt"))
+    torch.manual_seed(2)
+    model = BertForPreTraining(ModelConfig(**SMALL))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(collate(random_samples(2, 1001, 64), unpadded=False))[0].sum().backward()
+    optimizer.step()  # an optimizer with state, as a run's checkpoint holds it
+
+    class DataPosition:  # stand-in for the training data loader's position (the export reads only the model)
+        def state_dict(self):
+            return {"epoch": 0, "position": 40}
+
+    saver = RunCheckpoint(run_checkpoints(CheckpointConfig(), exp_dir, 0, rank=0), model, optimizer, None, DataPosition(),
+                          {"seed": 0, "run": 0})
+    step = saver.save(LoopState(updates=5, samples=40))
+    assert step == exp_dir / "checkpoints" / "run_0" / "step_00000005" and (step / "shared.pt").is_file()
+
+    for source, out, shown, state in [
+            (phase1, tmp_path / "from-phase1", "model.pt", torch.load(phase1, weights_only=True)["model"]),
+            (step, tmp_path / "from-step", "checkpoints/run_0/step_00000005", model.state_dict())]:
+        result = run_cli("export", exp, "--checkpoint", str(source), "--to", str(out))
+        assert result.code == 0 and result.out.strip() == str(out), result.err
+        exported_weights_are(out, state)
+        card = (out / "README.md").read_text()
+        assert f"# BERT pretrained with bertctl: {exp}\n" in card and f"the checkpoint `{shown}`, with the shape" in card
+        assert f"None attached: exported from the checkpoint `{shown}`, not as a finished run's final weights" in card
+        assert "| official checker |" not in card and "\n## Recipe\n" not in card and "\n## The experiment's recipe\n" in card
+        assert "- initial weights: `model.pt`" in card and "- data: the dataset `made`," in card
+        assert str(tmp_path) not in card and "$BERTCTL_HOME" not in card  # no path of this machine
+        assert ("taken during one of its runs" in card) == (source == step)
+        assert ("comes from outside the experiment" in card) == (source == phase1)
     no_partial_left(tmp_path)
 
 
