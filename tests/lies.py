@@ -97,6 +97,17 @@ def squeeze(factor: float):
     return edit
 
 
+def last_eval_written_late(lines: list[str]) -> list[str]:
+    """The last evaluation's accuracy and run_stop timed 2 and 3 ms after the evaluation before, their lines
+    kept: the form of an evaluation written late with the time it was taken (asynchronous evaluation), one
+    evaluation interval off the time to train."""
+    evals, stop = keyed(lines, "eval_accuracy"), keyed(lines, "run_stop")[0]
+    before = time_of(lines[evals[-2]])
+    lines[evals[-1]] = set_time(lines[evals[-1]], before + 2)
+    lines[stop] = set_time(lines[stop], before + 3)
+    return lines
+
+
 def run_start_timed_after_first_block(lines: list[str]) -> list[str]:
     """run_start timed at the first evaluation, its line kept: the first block trains untimed."""
     start, first_eval = keyed(lines, "run_start")[0], keyed(lines, "eval_accuracy")[0]
@@ -179,6 +190,8 @@ def copy_of(source: str, target: str, seed: int, shift_ms: int, evaluations: int
 LIES = [
     Lie("run_stop moved before the last evaluation", in_runs(stop_before_last_eval),
         "the run stopped before the evaluation it ends"),
+    Lie("the last evaluation and run_stop timed just after the evaluation before", in_runs(last_eval_written_late),
+        "an accuracy known before its evaluation ended"),
     Lie("the clock set back 15 s in the middle of the run", in_runs(clock_back(15_000)), "is earlier than the event before"),
     Lie("every time after run_start divided by 40", in_runs(squeeze(40)),
         "samples/s per accelerator: more than 3 x the fastest published GB200 result"),

@@ -4,8 +4,10 @@ reason in one line; the package checker's view says which of them the official t
 import re
 
 import pytest
-from lies import LIES, RUNS, clock_back, ids, in_runs, squeeze
+from lies import LIES, RUNS, clock_back, ids, in_runs, keyed, lines_of, set_time, squeeze, time_of, write
 from mlperf_sets import copy_set, extract, judge
+
+from orchestrator.results import resultlog
 
 BASE = "v5.0/Dell/1xXE9712x4GB200"
 
@@ -79,3 +81,22 @@ def test_a_system_description_without_a_count_of_accelerators_falls_back_to_the_
     report = judge(bert)
     assert report.passed and ("rate bound: systems/1xXE9712x4GB200.json describes no accelerators, so each run's whole "
                               "rate is held to 10,000,000 samples/s (13 times the fastest published BERT run)") in report.notes
+
+
+def test_an_asynchronous_evaluation_is_accepted_only_in_the_published_logs_that_have_it(tmp_path):
+    """The published Gaudi logs write each eval_accuracy after later training, with the time it was taken: those
+    exact files get a warning naming them. The same form in an edited copy, its last evaluation and run_stop
+    timed 60 s earlier (a minute off the time to train), fails in one line."""
+    log = extract("v2.0/Intel-HabanaLabs/HLS-Gaudi2", tmp_path) / "result_0.txt"
+    published = resultlog.parse(log)
+    assert published.problem is None and any(
+        "(asynchronous evaluation)" in w and w.endswith("accepted as published: v2.0 Intel-HabanaLabs/HLS-Gaudi2 result_0.txt]")
+        for _, w in published.warnings), published.warnings
+    lines = lines_of(log)
+    for i in (keyed(lines, "eval_accuracy")[-1], keyed(lines, "run_stop")[0]):
+        lines[i] = set_time(lines[i], time_of(lines[i]) - 60_000)
+    write(log, lines)
+    edited = resultlog.parse(log)
+    assert not any("asynchronous" in w for _, w in edited.warnings)
+    line, why = edited.problem
+    assert line == keyed(lines, "eval_accuracy")[0] + 1 and "(asynchronous evaluation), which only the published Gaudi logs" in why

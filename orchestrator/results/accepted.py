@@ -45,12 +45,22 @@ def _data() -> dict:
     return yaml.safe_load(DATA.read_text(encoding="utf-8"))
 
 
+@lru_cache(maxsize=1)
+def _accepted_logs() -> dict[str, AcceptedLog]:
+    """{sha256: the log}: an entry names one log (`sha256`, `log`) or a set's logs (`set`, `files`)."""
+    logs = {}
+    for entry in _data()["logs"]:
+        rules = frozenset(entry["rules"])
+        if "files" in entry:
+            logs.update({sha: AcceptedLog(f"{entry['set']} {name}", rules) for name, sha in entry["files"].items()})
+        else:
+            logs[entry["sha256"]] = AcceptedLog(entry["log"], rules)
+    return logs
+
+
 def accepted_log(sha256: str | None) -> AcceptedLog | None:
     """The published, accepted log with this content, if it is one that breaks a rule of bertctl's."""
-    for entry in _data()["logs"]:
-        if entry["sha256"] == sha256:
-            return AcceptedLog(entry["log"], frozenset(entry["rules"]))
-    return None
+    return _accepted_logs().get(sha256)
 
 
 def rates() -> list[FastestRate]:

@@ -11,11 +11,10 @@ one hostile file cannot hang, crash or fool any of them:
 - the events must make one MLPerf run: `Rules.check` states each rule (one run_start and one
   run_stop, in order, nothing of the run after run_stop, no training before run_start; finite,
   plausible time_ms that never go back once the run started, as `Rules._time` says (published logs are
-  the measure: many ranks log the init phase with their own clocks, and Intel-HabanaLabs' systems
-  write their evaluations late with the time they were taken); run_stop not before the evaluation it
-  ends; numbers where numbers belong; eval_accuracy in [0, 1]; sample counts non-negative, bounded and
-  non-decreasing; evaluations stop when the run converged). The first broken rule is the log's
-  `problem`, with its line number.
+  the measure: many ranks log the init phase with their own clocks); no accuracy before its
+  evaluation ended and run_stop not before the evaluation it ends; numbers where numbers belong;
+  eval_accuracy in [0, 1]; sample counts non-negative, bounded and non-decreasing; evaluations stop
+  when the run converged). The first broken rule is the log's `problem`, with its line number.
 
 Where a published, accepted log breaks one of these rules in a way that cannot be told from a lie by
 its form (orchestrator/results/accepted.yaml names those files by content), that file gets a warning
@@ -79,6 +78,8 @@ TRAINING_KEYS = (K.BLOCK_START, K.BLOCK_STOP, K.EPOCH_START, K.EPOCH_STOP, K.EVA
 TIME_ORDER = "time order"
 TIME_RANGE = "a time the log could have been written at"
 STOP_BEFORE_EVAL = "run_stop before the evaluation it ends"
+EARLY_ACCURACY = "an accuracy known before its evaluation ended"
+ASYNC_EVAL = "asynchronous evaluation"
 FIELDS = ("time_ms", "key", "value", "metadata")
 
 COUNT_METADATA = (K.EPOCH_NUM, K.SAMPLES_COUNT, K.FIRST_EPOCH_NUM, K.EPOCH_COUNT, "step")
@@ -283,6 +284,7 @@ class Rules:
         self.key_ms: dict[str, float] = {}  # since run_start: each key's last time
         self.clock: tuple[float, int, str] | None = None  # since run_start: the latest time, its line and key
         self.late_evals = False  # evaluations logged after later events, with the time they were taken
+        self.evaluation: tuple[float, int, str] | None = None  # since run_start: the latest eval_start or eval_stop
         self.excused: set[str] = set()  # the accepted log's rules already said once
         self.run_start: int | None = None  # its line
         self.run_stop: int | None = None
@@ -365,37 +367,54 @@ class Rules:
         for earlier, whose in before:
             if earlier is not None and t < earlier:
                 return f"time_ms {t} is earlier than the event before ({whose} {earlier}) by {(earlier - t) / 1000:,.3f} s"
-        broken = self._clock_goes_on(e, t)
+        broken = self._evaluation_ended(e, t) or self._clock_goes_on(e, t)
         if broken:
             return broken
+        if e.key in (K.EVAL_START, K.EVAL_STOP):
+            self.evaluation = (t, e.line, e.key)
         if e.key == K.RUN_STOP:
             self.run_stop_ms = t
         self.key_ms[e.key] = t
         return None
 
-    def _clock_goes_on(self, e: Event, t: float) -> str | None:
-        """Once the run started, time never goes back: an event is not earlier than any event before it.
-
-        Two published forms keep it in their own way. Intel-HabanaLabs' systems (v1.0 to v3.1) evaluate
-        asynchronously: each eval_accuracy is written after later training, with the time it was taken
-        (each key in its own order, none before run_start), and run_stop carries the converging
-        evaluation's time while training went on. Anything else going back fails: a clock set back in
-        the middle of a run, run_stop moved before the evaluation it ends or before training it holds."""
-        latest, line, key = self.clock
+    def _evaluation_ended(self, e: Event, t: float) -> str | None:
+        """An accuracy is known, and a run stops, only once the evaluation ended: eval_accuracy and run_stop
+        are not timed before the eval_stop (or eval_start) logged above them. No published log breaks it."""
         last_eval = self.key_ms.get(K.EVAL_ACCURACY)
         if e.key == K.RUN_STOP and last_eval is not None and t < last_eval:
             return self.broken(e, STOP_BEFORE_EVAL, f"run_stop's time_ms {t} is earlier than the last eval_accuracy's "
                                                     f"({last_eval}): the run stopped before the evaluation it ends")
+        if e.key not in (K.EVAL_ACCURACY, K.RUN_STOP) or self.evaluation is None or t >= self.evaluation[0]:
+            return None
+        ended, line, key = self.evaluation
+        if e.key == K.RUN_STOP:
+            return self.broken(e, STOP_BEFORE_EVAL, f"run_stop's time_ms {t} is earlier than line {line}'s {key} ({ended}): "
+                                                    "the run stopped before the evaluation it ends")
+        return self.broken(e, EARLY_ACCURACY, f"eval_accuracy's time_ms {t} is earlier than line {line}'s {key} ({ended}): "
+                                              f"{EARLY_ACCURACY}")
+
+    def _clock_goes_on(self, e: Event, t: float) -> str | None:
+        """Once the run started, time never goes back: an event is not earlier than any event before it.
+
+        Only the published Gaudi logs of v1.0 to v3.1 (orchestrator/results/accepted.yaml, by content) keep
+        it in their own way: they evaluate asynchronously, each eval_accuracy written after later training
+        with the time it was taken, and run_stop carries the converging evaluation's time while training
+        went on. The form alone cannot be told from a late evaluation's time taken back (a score one
+        evaluation better), so any other log going back fails: a clock set back in the middle of a run,
+        an evaluation written late, run_stop moved before training it holds."""
+        latest, line, key = self.clock
         if t >= latest:
             self.clock = (t, e.line, e.key)
             return None
-        if e.key == K.EVAL_ACCURACY or (e.key == K.RUN_STOP and self.late_evals):
-            if not self.late_evals:
-                self.late_evals = True
-                self.warn(e, f"eval_accuracy written after later events (line {line}, {key} at {latest}) with the time the "
-                             "evaluation was taken: asynchronous evaluation, as Intel-HabanaLabs' published logs "
-                             "(v1.0 to v3.1) write it")
-            return None
+        if self.late_evals and e.key in (K.EVAL_ACCURACY, K.RUN_STOP):
+            return None  # an accepted log's asynchronous evaluation, said once
+        if e.key == K.EVAL_ACCURACY:
+            broken = self.broken(e, ASYNC_EVAL, f"eval_accuracy's time_ms {t} is earlier than line {line}'s ({key} at {latest}): "
+                                                "written after later events with the time the evaluation was taken "
+                                                "(asynchronous evaluation), which only the published Gaudi logs of v1.0 "
+                                                "to v3.1 show")
+            self.late_evals = broken is None
+            return broken
         return self.broken(e, TIME_ORDER, f"time_ms {t} is earlier than line {line}'s ({key} at {latest}): the clock "
                                           f"went back {(latest - t) / 1000:,.3f} s after run_start")
 
