@@ -76,6 +76,7 @@ def context(req: RenderRequest) -> dict:
         "task_command": task_command(c, req.program),
         "trainer_args": " ".join(TRAINER_ARGS),
         "local_command": local_command(c, req.program),
+        "rank_stop_seconds": RANK_STOP_SECONDS,
         "requeue_exit_code": REQUEUE_EXIT_CODE,
     }
 
@@ -163,13 +164,20 @@ def task_command(c: ClusterConfig, program: Program) -> str:
 
 
 def local_command(c: ClusterConfig, program: Program) -> str:
-    """On this machine several ranks start through torchrun, which sets RANK/WORLD_SIZE for them."""
+    """On this machine several ranks start through torchrun, which sets RANK/WORLD_SIZE for them; each rank runs
+    through the script's `rank_exit` (templates/local.sh.j2), which records its own exit status: torchrun's is not it."""
     if c.resources.tasks_per_node == 1:
         return task_command(c, program)
-    target = ["-m", RANK_MODULES[program], *TRAINER_ARGS]
+    target = ['"$PYTHON"', "-u", "-m", RANK_MODULES[program], *TRAINER_ARGS]
     launcher = ['"$PYTHON"', "-m", "torch.distributed.run", "--standalone",
-                f"--nproc-per-node={c.resources.tasks_per_node}"]
+                f"--nproc-per-node={c.resources.tasks_per_node}", "--no-python", "bash", "-c", """'rank_exit "$@"'""", "rank"]
     return " ".join(launcher + target)
+
+
+# How long torchrun waits for its ranks to stop once it has passed a SIGTERM on to them, before it kills them:
+# what a checkpoint may take. torch's default, 30 s, would cut a large one short on a slow disk; a job shell waits
+# for a single rank without any bound.
+RANK_STOP_SECONDS = 600
 
 
 TRAINER_ARGS = [

@@ -124,7 +124,7 @@ step phase1 "$PYTHON" -u -m trainer --config "$EXP_DIR/phase1.yaml" --out "$EXP_
 WHERE=""
 CONTAINER=()
 on_every_node() { "$@"; }  # this machine is the only node
-launch_ranks() {  # run $1 with seed $2: 1 rank(s) here
+launch_ranks() {  # run $1 with seed $2: 1 rank here
   export BERTCTL_RUN_INDEX=$1 BERTCTL_SEED=$2
   "$PYTHON" -u -m trainer --config "$EXP_DIR/run.yaml" --out "$EXP_DIR" --run-index "$BERTCTL_RUN_INDEX" --seed "$BERTCTL_SEED"
 }

@@ -67,9 +67,32 @@ BERTCTL_RUN_YAML_{digest}
 WHERE=""
 CONTAINER=()
 on_every_node() { "$@"; }  # this machine is the only node
-launch_ranks() {  # run $1 with seed $2: 8 rank(s) here
-  export BERTCTL_RUN_INDEX=$1 BERTCTL_SEED=$2
-  "$PYTHON" -m torch.distributed.run --standalone --nproc-per-node=8 -m trainer --config "$EXP_DIR/run.yaml" --out "$EXP_DIR" --run-index "$BERTCTL_RUN_INDEX" --seed "$BERTCTL_SEED"
+# The ranks start through torchrun, which runs each in a session of its own and takes the job's SIGTERM itself: it
+# passes the signal on, waits for the ranks, then dies of it (exit 1), as it exits 1 whenever a rank does not exit 0.
+# So each rank records its own exit status (rank_exit), and the run's is theirs when they all recorded the same (75:
+# each saved its part of the checkpoint and stopped), torchrun's otherwise (a rank it killed, ranks that disagree).
+# TORCH_ELASTIC_SHUTDOWN_TIMEOUT: how long torchrun waits for the ranks' checkpoint after passing a signal on, before
+# it kills them (torch's default: 30 s; a torch older than 2.12 does not read it and waits 30 s)
+export TORCH_ELASTIC_SHUTDOWN_TIMEOUT=600
+rank_exit() {  # one rank's command; its exit status into $RANK_EXITS/$RANK (a SIGTERM is the rank's to answer)
+  trap ':' TERM
+  local rc=0
+  "$@" || rc=$?
+  echo "$rc" > "$RANK_EXITS/$RANK"
+  return "$rc"
+}
+export -f rank_exit
+launch_ranks() {  # run $1 with seed $2: 8 ranks here
+  export BERTCTL_RUN_INDEX=$1 BERTCTL_SEED=$2 RANK_EXITS="$EXP_DIR/runs/$1.ranks"
+  rm -rf "$RANK_EXITS" && mkdir -p "$RANK_EXITS" || return 1
+  local rc=0 codes
+  "$PYTHON" -m torch.distributed.run --standalone --nproc-per-node=8 --no-python bash -c 'rank_exit "$@"' rank "$PYTHON" -u -m trainer --config "$EXP_DIR/run.yaml" --out "$EXP_DIR" --run-index "$BERTCTL_RUN_INDEX" --seed "$BERTCTL_SEED" || rc=$?
+  codes=$(cat "$RANK_EXITS"/* 2>/dev/null | sort -u)
+  if [ "$(ls "$RANK_EXITS" | wc -l)" -eq 8 ] && [[ $codes =~ ^[0-9]+$ ]]; then
+    [ "$codes" -eq "$rc" ] || echo "torchrun exited with $rc; every rank with $codes: the run's exit status"
+    return "$codes"
+  fi
+  return "$rc"
 }
 requeue_run() { return 1; }  # no scheduler to hand it back to: `bertctl resume` continues it
 
