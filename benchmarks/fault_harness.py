@@ -326,13 +326,14 @@ def _truncate_shared(folder: Path) -> None:
 
 
 def _another_runs_checkpoint(folder: Path) -> None:
-    """The checkpoint of run 0 with seed 1 (another run's, copied in by hand)."""
+    """The checkpoint of run 0 with seed 1 (another run's, copied in by hand: its identity.json with it)."""
     import torch
 
     path = latest_of(folder) / "shared.pt"
     shared = torch.load(path, weights_only=False)
     shared["seed"] = 1
     torch.save(shared, path)
+    (path.parent / "identity.json").write_text(json.dumps({"seed": 1, "run_index": 0}))
 
 
 def _newer_checkpoint_without_pointer(folder: Path) -> None:

@@ -63,6 +63,9 @@ def test_the_reference_run_converges_with_checkpoints_between_its_evaluations(re
     assert len(evals) >= 2
     # some checkpoint was taken between two evaluations: a kill after the second resumes from before it
     assert any(evals[0] <= at < evals[1] for at in positions.values())
+    # each names its run for bertctl, which reads it without torch (trainer/config/checkpoint_folder.py::check_parts)
+    assert {(p / "identity.json").read_text() for p in (out / "checkpoints" / "run_0").glob("step_*")} == {
+        json.dumps({"seed": int(harness.SEED), "run_index": 0})}
 
 
 @pytest.mark.slow
@@ -156,6 +159,27 @@ def test_a_resume_checks_the_state_it_finds_and_refuses_an_edited_one_changing_n
     assert verdict == ("same" if edit.names is None else "refused"), (verdict, said)
 
 
+@pytest.mark.parametrize("edit", harness.EDITS, ids=lambda edit: edit.name)
+def test_bertctl_refuses_each_edited_state_the_trainer_refuses_before_any_trainer_starts(reference, edit, tmp_path):
+    """`bertctl status` and `bertctl resume` ask what the trainer will (trainer/config/checkpoint_folder.py::
+    resume_point with the run's identity), without torch: a damaged part or another run's checkpoint was once
+    accepted there, and the resumed job failed."""
+    from trainer.config.checkpoint_folder import CheckpointRefused, resume_point
+
+    _, _, out, log, positions = reference
+    folder = tmp_path / "run"
+    result = harness.rebuild(harness.edited_crash(log, positions), out, log, folder)
+    edit.apply(folder)
+    identity = {"seed": int(harness.SEED), "run_index": 0}
+    if edit.names is None:
+        assert resume_point(folder / "checkpoints" / "run_0", result, identity) is not None
+        return
+    with pytest.raises(CheckpointRefused) as refused:
+        resume_point(folder / "checkpoints" / "run_0", result, identity)
+    named = "identity.json" if edit.name == "another run's checkpoint" else edit.names  # the trainer: shared.pt's seed
+    assert named.split("/")[-1] in str(refused.value) and "\n" not in str(refused.value)
+
+
 EXP_ID = "c-20260101-000000-aaaaaaaa"
 
 
@@ -169,6 +193,7 @@ def interrupted_experiment(home: Path, reference) -> tuple[experiments.Experimen
     (exp_dir / "runs").mkdir()
     (exp_dir / "runs" / "0.started").touch()
     (exp_dir / "runs" / "0.interrupted").write_text("75\n")
+    (exp_dir / "job.sh").write_text("#!/bin/bash\n")  # what resume starts again (launched by a stand-in here)
     (exp_dir / "experiment.json").write_text(json.dumps(record(exp_dir, job_ids=["2147483646"])))
     return experiments.find(EXP_ID), crash
 
@@ -216,6 +241,22 @@ def test_a_resume_the_trainer_would_refuse_is_refused_before_anything_changes_an
                   for p in (aside / "tensorboard").rglob("*")) == curves
     assert not (exp.path / "runs" / "0.started").exists() and not (exp.path / "checkpoints" / "run_0").exists()
     assert not (exp.path / "tensorboard" / "run_0").exists() and not (exp.path / "metrics" / "run_0.jsonl").exists()
+
+
+@pytest.mark.parametrize("edit", ["shared.pt replaced by garbage", "another run's checkpoint"])
+def test_status_and_resume_refuse_a_damaged_part_or_another_runs_checkpoint(reference, bertctl_home, edit):
+    """Both once said "checkpoint saved at update N: bertctl resume continues it", and resume reopened the run
+    for a trainer that then refused it: now both refuse first, naming the file, nothing changed."""
+    exp, crash = interrupted_experiment(bertctl_home, reference)
+    next(e for e in harness.EDITS if e.name == edit).apply(exp.path)
+    named = exp.path / "checkpoints" / "run_0" / f"step_{crash.step:08d}" / (
+        "shared.pt" if edit.startswith("shared") else "identity.json")
+    run = status.collect([exp])[0].runs[0]
+    assert run.state is State.INTERRUPTED and run.error.startswith(f"cannot resume: {named}: "), run.error
+    before = harness.snapshot(exp.path)
+    with pytest.raises(UserError) as refused:
+        lifecycle.resume(exp)
+    assert f"run 0 cannot resume: {named}: " in str(refused.value) and harness.snapshot(exp.path) == before
 
 
 def finished_experiment(home: Path, exit_record: str | None) -> experiments.Experiment:

@@ -291,10 +291,15 @@ def checkpoint_update(exp: Experiment, run: int) -> int | None:
 def resume_refusal(exp: Experiment, run: int) -> str | None:
     """Why run N's trainer would refuse to resume (its latest checkpoint, or its log, is not what it should be), or None."""
     try:
-        resume_point(run_checkpoint_folder(exp, run), exp.result_file(run))
+        resume_point(run_checkpoint_folder(exp, run), exp.result_file(run), run_identity(exp, run))
     except CheckpointRefused as e:
         return f"{e.path}: {e.reason}"
     return None
+
+
+def run_identity(exp: Experiment, run: int) -> dict:
+    """What run N's checkpoints record of it: the seed its job script passes the trainer (--seed) and its index."""
+    return {"seed": exp.seeds[run], "run_index": run}
 
 
 def _read_exit(path: Path) -> int | None:

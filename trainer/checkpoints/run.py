@@ -17,6 +17,7 @@ script then requeues itself and the run resumes here.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import random
 import shutil
@@ -31,12 +32,14 @@ import torch.distributed as dist
 
 from trainer.config import FINAL_WEIGHTS, CheckpointConfig
 from trainer.config.checkpoint_folder import (
+    IDENTITY,
     LOG_BYTES,
     LOG_SHA256,
     SHARED,
     CheckpointRefused,
     LogRecord,
     check_log,
+    describe,
     latest_checkpoint,
     log_record,
     step_name,
@@ -81,7 +84,8 @@ class Checkpoints:
     def __init__(self, folder: Path, keep: int, rank: int):
         self.folder, self.keep, self.rank = Path(folder), keep, rank
 
-    def save(self, step: int, shared: dict, per_rank: dict, log: LogRecord | None = None) -> Path:
+    def save(self, step: int, shared: dict, per_rank: dict, log: LogRecord | None = None,
+             identity: dict | None = None) -> Path:
         final = self.folder / step_name(step)
         staging = self.folder / f".{final.name}.partial"
         try:
@@ -95,6 +99,8 @@ class Checkpoints:
                 if log is not None:
                     _write((staging / LOG_BYTES).write_text, staging / LOG_BYTES, str(log.size))
                     _write((staging / LOG_SHA256).write_text, staging / LOG_SHA256, log.sha256)
+                if identity is not None:  # for bertctl, which checks the run without torch (check_parts)
+                    _write((staging / IDENTITY).write_text, staging / IDENTITY, json.dumps(identity))
         except OutputError:  # a full disk: no half-written checkpoint stays behind (rank 0 made it, any rank may fail)
             shutil.rmtree(staging, ignore_errors=True)
             raise
@@ -126,7 +132,7 @@ class Checkpoints:
         shared, mine = self.load(path)
         theirs = {key: shared.get(key) for key in identity}
         if theirs != identity:
-            raise CheckpointRefused(path / SHARED, f"is another run's ({_identity(theirs)}), not this run's ({_identity(identity)})")
+            raise CheckpointRefused(path / SHARED, f"is another run's ({describe(theirs)}), not this run's ({describe(identity)})")
         return ResumePoint(path, record, shared, mine)
 
     def load(self, path: Path) -> tuple[dict, dict]:
@@ -154,10 +160,6 @@ def load_part(path: Path, keys: tuple[str, ...]) -> dict:
     if lacking:
         raise CheckpointRefused(path, f"is no checkpoint part (it lacks {', '.join(lacking)})")
     return part
-
-
-def _identity(values: dict) -> str:
-    return ", ".join(f"{key} {value}" for key, value in values.items())
 
 
 @dataclass
@@ -191,7 +193,8 @@ class RunCheckpoint:
         shared = {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                   "scaler": self.scaler.state_dict() if self.scaler else None, "state": asdict(state), **self.identity}
         log = log_record(self.result_log) if self.result_log is not None and self.result_log.exists() else None
-        return self.checkpoints.save(state.updates, shared, {"data": self.data.state_dict(), "rng": rng_state()}, log=log)
+        return self.checkpoints.save(state.updates, shared, {"data": self.data.state_dict(), "rng": rng_state()}, log=log,
+                                     identity=self.identity)
 
     def restore(self, fresh: LoopState, point: ResumePoint | None) -> tuple[LoopState, Path | None]:
         """Load the checkpoint `Checkpoints.resume_point` checked into the parts: its loop state and path, or `fresh`

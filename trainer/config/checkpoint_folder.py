@@ -13,7 +13,9 @@ how to start such a run again.
 from __future__ import annotations
 
 import hashlib
+import json
 import re
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +25,7 @@ LATEST = "latest"  # the pointer: the name of the newest complete checkpoint
 SHARED = "shared.pt"  # rank 0's part of a checkpoint; a folder without it is no checkpoint
 LOG_BYTES = "log_bytes"
 LOG_SHA256 = "log_sha256"
+IDENTITY = "identity.json"  # the run the checkpoint is of ({"seed": S, "run_index": N}), readable without torch
 STEP = re.compile(r"step_([0-9]{8,18})")
 BYTE_COUNT = re.compile(r"[0-9]{1,18}")  # ASCII digits only: int() would take "٣", " +3" or "1_000"
 SHA256 = re.compile(r"[0-9a-f]{64}")
@@ -111,10 +114,47 @@ def check_log(checkpoint: Path, log: Path) -> LogRecord:
     return record
 
 
-def resume_point(folder: Path, log: Path) -> tuple[Path, LogRecord] | None:
-    """The latest checkpoint and its record of the log, checked; None when the run has no checkpoint."""
+def resume_point(folder: Path, log: Path, identity: dict | None = None) -> tuple[Path, LogRecord] | None:
+    """The latest checkpoint and its record of the log, checked; None when the run has no checkpoint. With
+    `identity` (the run's seed and index), its parts and its run are checked too, as far as they can be without
+    torch (`check_parts`): what `bertctl status` and `bertctl resume` ask before a trainer loads it."""
     path = latest_checkpoint(folder)
-    return None if path is None else (path, check_log(path, log))
+    if path is None:
+        return None
+    record = check_log(path, log)
+    if identity is not None:
+        check_parts(path, identity)
+    return path, record
+
+
+def check_parts(checkpoint: Path, identity: dict) -> None:
+    """Each part of the checkpoint (shared.pt, rank_0.pt, every rank_N.pt) is a whole torch archive (a zip
+    whose directory, at its end, is there: a file cut short or replaced has none), and the checkpoint is the
+    run's `identity`, where it records one. The trainer still loads every part and checks its keys."""
+    for part in [checkpoint / SHARED, checkpoint / "rank_0.pt", *sorted(checkpoint.glob("rank_*.pt"))]:
+        try:
+            with open_regular(part, "rb") as f:
+                whole = zipfile.is_zipfile(f)
+        except FileNotFoundError:
+            raise CheckpointRefused(part, "is missing") from None
+        except OSError as e:
+            raise CheckpointRefused(part, f"cannot be read ({why(e)})") from None
+        if not whole:
+            raise CheckpointRefused(part, "is no whole checkpoint part (not a torch archive: cut short or replaced)")
+    try:
+        recorded = json.loads(read_regular_text(checkpoint / IDENTITY, limit=4096))
+    except FileNotFoundError:  # written before checkpoints recorded it: the trainer's load checks the run
+        return
+    except (OSError, ValueError) as e:
+        raise CheckpointRefused(checkpoint / IDENTITY, f"cannot be read ({why(e) if isinstance(e, OSError) else e})") from None
+    theirs = {key: recorded.get(key) if isinstance(recorded, dict) else None for key in identity}
+    if theirs != identity:
+        raise CheckpointRefused(checkpoint / IDENTITY, f"is another run's ({describe(theirs)}), not this run's "
+                                                       f"({describe(identity)})")
+
+
+def describe(identity: dict) -> str:
+    return ", ".join(f"{key} {value}" for key, value in identity.items())
 
 
 def log_record(log: Path, limit: int | None = None) -> LogRecord:
