@@ -2,6 +2,7 @@
 reason in one line; the package checker's view says which of them the official tools would find."""
 
 import re
+import shutil
 
 import pytest
 from lies import LIES, RUNS, clock_back, ids, in_runs, keyed, lines_of, set_time, squeeze, time_of, write
@@ -63,14 +64,35 @@ def test_the_clock_set_back_names_the_line_and_the_seconds(base, tmp_path):
 
 def test_without_a_system_description_the_report_says_which_rate_bound_it_used(base, tmp_path):
     """Times divided by 40 leave 257,000 samples/s for the whole run: only the system's accelerators make it
-    impossible, so logs without their systems/*.json are held to the whole-run bound, and the report says so."""
+    impossible, so a bare folder of logs (no submission tree, no systems/*.json) is held to the whole-run
+    bound, and the report says so."""
     bert = copy_set(base, tmp_path)
     in_runs(squeeze(40))(bert)
-    (bert.parents[2] / "systems" / "1xXE9712x4GB200.json").unlink()
-    report = judge(bert)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for log in bert.glob("result_*.txt"):
+        shutil.copy(log, logs)
+    report = judge(logs)
     assert report.passed
     assert any(n.startswith("rate bound: no system description (no systems/<system>.json beside the logs), so each "
                             "run's whole rate is held to 10,000,000 samples/s") for n in report.notes)
+
+
+@pytest.mark.parametrize("damage, why", [(lambda p: p.unlink(), "systems/1xXE9712x4GB200.json is missing"),
+                                         (lambda p: p.write_text("{"), "systems/1xXE9712x4GB200.json is unreadable (")],
+                         ids=["missing", "not-json"])
+def test_a_submission_tree_without_a_readable_system_description_fails_as_the_package_checker_fails_it(
+        damage, why, base, tmp_path):
+    """The package checker reads systems/SYSTEM.json of a submission tree (its division) and fails the tree
+    without it: a problem of its view, not a note and a whole-run rate bound that passes times divided by 40."""
+    bert = copy_set(base, tmp_path)
+    in_runs(squeeze(40))(bert)
+    damage(bert.parents[2] / "systems" / "1xXE9712x4GB200.json")
+    report = judge(bert)
+    assert not report.passed and not report.package_view_passed
+    problem = next(p for p in report.package_problems if why in p)
+    assert problem.endswith("the package checker reads the system description of a submission tree and fails without it")
+    assert problem not in report.stricter and "\n" not in problem
 
 
 def test_a_system_description_without_a_count_of_accelerators_falls_back_to_the_whole_run_bound(base, tmp_path):

@@ -11,7 +11,8 @@ Per run (`run_findings`):
 - the training rate per accelerator (`rate_findings`): samples to converge over the time to train, per
   accelerator of the system description, stays under RATE_MARGIN times the fastest published result of
   the accelerator's class (orchestrator/results/accepted.yaml); without a description, the whole run
-  stays under resultlog.MAX_SAMPLES_PER_S, and the report says which bound it used.
+  stays under resultlog.MAX_SAMPLES_PER_S, and the report says which bound it used. A submission tree
+  without a readable one fails as the package checker fails it (`description_problem`).
 
 Per set (`set_findings`): one system (platform, organisation, division), one recipe (every
 hyperparameter but the seed), no copies (two runs whose evaluation accuracies agree at every evaluation
@@ -322,7 +323,8 @@ def _shown(seen: dict) -> str:
 
 def system_description(rs) -> tuple[dict | None, str]:
     """The set's system description and where it is: an experiment's recorded cluster.yaml (with the nodes
-    its runs used), or the submission tree's ORG/systems/SYSTEM.json beside ORG/results/SYSTEM/bert."""
+    its runs used), or the submission tree's ORG/systems/SYSTEM.json beside ORG/results/SYSTEM/bert; else
+    None and why."""
     if rs.experiment is not None:
         cluster = rs.cluster_config or {}
         system = cluster.get("system")
@@ -331,11 +333,26 @@ def system_description(rs) -> tuple[dict | None, str]:
         nodes = (cluster.get("resources") or {}).get("nodes") or system.get("number_of_nodes")
         return {**system, "number_of_nodes": nodes}, "the experiment's cluster.yaml"
     path = rs.directory.parent.parent.parent / "systems" / f"{rs.directory.parent.name}.json"
-    if rs.directory.name != "bert" or not path.is_file():
+    if rs.directory.name != "bert" or not (path.exists() or in_submission_tree(rs)):
         return None, "no systems/<system>.json beside the logs"
+    if not path.exists():
+        return None, f"systems/{path.name} is missing"
     try:
         data, _ = resultlog.read_bounded(path, 1024 * 1024, "system description")
         described = json.loads(data)
     except (resultlog.UserError, ValueError, RecursionError) as e:
-        return None, f"{path.name} is unreadable ({str(e)[:80]})"
-    return (described, f"systems/{path.name}") if isinstance(described, dict) else (None, f"{path.name} is no object")
+        return None, f"systems/{path.name} is unreadable ({str(e)[:80]})"
+    return (described, f"systems/{path.name}") if isinstance(described, dict) else (None, f"systems/{path.name} is no object")
+
+
+def in_submission_tree(rs) -> bool:
+    """Are the logs a submission tree's (ORG/results/SYSTEM/bert), not an experiment or a bare folder of logs?"""
+    return rs.experiment is None and rs.directory.name == "bert" and rs.directory.parent.parent.name == "results"
+
+
+def description_problem(rs, system: dict | None, where: str) -> str | None:
+    """The package checker reads each system's description of a submission tree (its division) and fails
+    the tree without a readable one (it stops at FileNotFoundError); a bare folder of logs has none to read."""
+    if system is not None or not in_submission_tree(rs):
+        return None
+    return f"{where}: the package checker reads the system description of a submission tree and fails without it"

@@ -6,7 +6,8 @@
   ruleset as it stood when its round was published (orchestrator/results/rulesets.py: today's
   mlperf-logging fails every accepted v1.1 and v2.1 log on rules changed since, and the report names
   them); at most one log may fail (the dropped run); the seed check (closed division, rulesets 1.0.0
-  on); the RCP check with the round's sample source. `Report.package_view_passed` is that verdict.
+  on); the RCP check with the round's sample source; a submission tree's systems/SYSTEM.json, which it
+  reads. `Report.package_view_passed` is that verdict.
 - with bertctl's own checks, which the official tools do not make: one log's events (resultlog.py: a
   log that breaks them fails the set outright; the official tools still judge it for the package
   checker's view where they can read it in seconds), what a run
@@ -157,6 +158,9 @@ def assess(rs, ruleset: str | None = None, werror: bool = False, with_score: boo
         _package_problem(report, f"the compliance checker crashed on {len(crashed)} log(s): {crashed[0].messages[0]}")
     malformed = [(r.file, s.problem) for r, s in zip(report.runs, rs.summaries) if s.problem]
     unread = [r.file for r in report.runs if r.official is None]
+    described = identity.description_problem(rs, system, where)
+    if described:
+        _package_problem(report, described)
     seeds = identity.Findings()
     identity.seeds(rs.summaries, chosen, report.division, seeds)
     for problem in seeds.problems:
