@@ -3,7 +3,9 @@ templates/data_prepare.sbatch.j2, each stage depending on the previous one (afte
 
 Every array task runs `run --stage S --group J` and, when it fails, writes its error record to
 errors/<stage>_<J>.json in the job folder (see orchestrator/data/workers.py), which is what
-`--wait` reports.
+`--wait` reports. `--wait` follows the scheduler's evidence only (orchestrator/jobs/scheduler.py): a command that
+fails or times out is no answer, waited out for a while, never an end; a job the queue listed and lists no more
+(a cluster without accounting) has ended, and its tasks' error records say whether it failed.
 """
 
 from __future__ import annotations
@@ -52,8 +54,11 @@ def prepare_on_slurm(loaded: LoadedManifest, cluster, force: bool, wait: bool, s
     say(f"{loaded.config.name}: submitted {len(job_ids)} job array(s) ({', '.join(f'{n} {j}' for n, j in zip(names, job_ids))}); "
         f"scripts and logs in {job_dir}")
     if wait:
-        wait_for_jobs(job_dir, names, job_ids, say)
-        say(f"{loaded.config.name}: prepared at {plan['root']}")
+        if wait_for_jobs(job_dir, names, job_ids, say):
+            say(f"{loaded.config.name}: the jobs ended at {plan['root']}; without accounting bertctl cannot tell how: "
+                f"bertctl data verify --dataset {loaded.config.name} checks the result")
+        else:
+            say(f"{loaded.config.name}: prepared at {plan['root']}")
     return Prepared(plan["root"], "submitted", job_ids, job_dir)
 
 
@@ -119,24 +124,69 @@ def submit_stage(path: Path, job_dir: Path, container: str) -> str:
         raise UserError(f"sbatch refused the job: {e}", where="sbatch") from None
 
 
-def wait_for_jobs(job_dir: Path, stages: list[str], job_ids: list[str], say, poll_s: float = 2.0) -> None:
-    """Until every stage's array has finished; a failed or cancelled stage is WorkFailed with its error."""
+# How long `--wait` waits out a scheduler that does not answer (a controller restarting or failing over answers
+# again within minutes) before it gives up with the jobs' ids: they may still run.
+SILENCE_LIMIT_S = 600
+
+
+def wait_for_jobs(job_dir: Path, stages: list[str], job_ids: list[str], say, poll_s: float = 2.0,
+                  silence_limit_s: float = SILENCE_LIMIT_S) -> list[str]:
+    """Until every stage's array has finished; a failed or cancelled stage is WorkFailed with its error. Returns the
+    stages whose end no accounting described (the queue stopped listing them and no task recorded an error)."""
     reported: dict[str, str] = {}
+    listed: set[str] = set()
+    began, silent_since = time.monotonic(), None
     while True:
-        infos = scheduler.query_slurm(job_ids)
+        infos, why = scheduler_answer(job_ids)
+        if why is not None:
+            if silent_since is None:
+                silent_since = time.monotonic()
+                say(f"  {why}: waiting up to {silence_limit_s:g} s for an answer")
+            elif time.monotonic() - silent_since >= silence_limit_s:
+                raise no_answer(job_dir, job_ids, why, time.monotonic() - silent_since)
+            time.sleep(poll_s)
+            continue
+        silent_since = None
         for stage, job in zip(stages, job_ids):
             states = [i.state for key, i in infos.items() if key.split("_")[0] == job]
-            if not states:
-                continue
-            summary = stage_state(states)
+            if states:
+                listed.add(job)
+                summary = stage_state(states)
+            elif job in listed or time.monotonic() - began > scheduler.ACCOUNTING_GRACE_S:
+                # no record of it, though the queue listed it (or would have by now): it has ended, as
+                # orchestrator/jobs/status.py::job_info reads a job the scheduler no longer knows; its records decide
+                summary = "FAILED" if stage_errors(job_dir, stage) else "ENDED"
+            else:
+                continue  # just submitted: not listed yet
             if reported.get(stage) != summary:
                 reported[stage] = summary
-                say(f"  {stage} (job {job}): {summary}")
+                say(f"  {stage} (job {job}): {ENDED if summary == 'ENDED' else summary}")
             if summary in ("FAILED", "CANCELLED", "TIMEOUT"):
                 raise WorkFailed(f"stage {stage} (job {job}) {summary.lower()}: {first_error(job_dir, stage)}")
-        if len(reported) == len(stages) and all(v == "COMPLETED" for v in reported.values()):
-            return
+        if all(reported.get(stage) in ("COMPLETED", "ENDED") for stage in stages):
+            return [stage for stage in stages if reported[stage] == "ENDED"]
         time.sleep(poll_s)
+
+
+ENDED = "ended (the queue no longer lists it and no accounting says how; no task recorded an error)"
+
+
+def no_answer(job_dir: Path, job_ids: list[str], why: str, seconds: float) -> WorkFailed:
+    """The one line that ends a wait the scheduler did not answer: the jobs may still run, and how to see them."""
+    ids = ",".join(dict.fromkeys(j.split("_")[0] for j in job_ids))
+    return WorkFailed(f"{why} for {seconds:.0f} s: jobs {ids} may still run; "
+                      f"`squeue -j {ids}` or `sacct -j {ids}` shows them once it answers (logs: {job_dir / 'logs'})")
+
+
+def scheduler_answer(job_ids: list[str]) -> tuple[dict[str, scheduler.JobInfo], str | None]:
+    """The scheduler's states of these jobs, or why it did not answer (a command that failed or timed out, for any
+    of them), in orchestrator/jobs/scheduler.py::unanswered's words."""
+    try:
+        infos = scheduler.query_slurm(job_ids)
+    except scheduler.SchedulerError as e:
+        return {}, scheduler.unanswered("", str(e)).reason
+    silent = [i.reason for i in infos.values() if i.raw_state == scheduler.NO_ANSWER]
+    return (infos, silent[0]) if silent else (infos, None)
 
 
 def stage_state(states: list) -> str:
@@ -149,11 +199,15 @@ def stage_state(states: list) -> str:
     return "RUNNING" if "RUNNING" in values or "COMPLETED" in values else "PENDING"
 
 
+def stage_errors(job_dir: Path, stage: str) -> list[dict]:
+    """The error records the stage's failed tasks wrote, in task order."""
+    records = (workers.read_error(f) for f in sorted((job_dir / "errors").glob(f"{stage}_*.json")))
+    return [r for r in records if r]
+
+
 def first_error(job_dir: Path, stage: str) -> str:
     """The first failed task's error record, else where to look."""
-    for record_file in sorted((job_dir / "errors").glob(f"{stage}_*.json")):
-        record = workers.read_error(record_file)
-        if record:
-            where = f"{record['file']}: " if record.get("file") else ""
-            return f"{where}{record['message']} (log: {job_dir / 'logs'})"
+    for record in stage_errors(job_dir, stage):
+        where = f"{record['file']}: " if record.get("file") else ""
+        return f"{where}{record['message']} (log: {job_dir / 'logs'})"
     return f"see the logs in {job_dir / 'logs'}"

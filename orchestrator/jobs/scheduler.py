@@ -202,10 +202,13 @@ def run_command(command: list[str], **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run(command, capture_output=True, text=True, errors="replace", timeout=TIMEOUT_S, **kwargs)
 
 
+NO_ANSWER = "NO ANSWER"  # the raw state of a job the scheduler did not answer for
+
+
 def unanswered(job_id: str, why: str) -> JobInfo:
     """A job the scheduler did not answer for (a command failed or timed out): its state is unknown, and
     `resume` and `rerun` wait for an answer (or --force)."""
-    return JobInfo(job_id, State.UNKNOWN, "NO ANSWER", reason=f"the scheduler did not answer ({why})")
+    return JobInfo(job_id, State.UNKNOWN, NO_ANSWER, reason=f"the scheduler did not answer ({why})")
 
 
 def gone(job_id: str, why: str) -> JobInfo:
