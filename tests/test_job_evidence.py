@@ -235,6 +235,7 @@ def a_started_slurm_run(home: Path) -> experiments.Experiment:
     batch = exp.path / "77_submission.sh"
     batch.write_text("#!/bin/bash\n")
     os.utime(batch, (time.time() - 3600,) * 2)
+    (exp.path / exp.script).write_text("#!/bin/bash\n")  # what a resume submits again
     return exp
 
 
@@ -296,3 +297,19 @@ def test_resume_without_the_job_script_is_one_line_and_changes_nothing(bertctl_h
     assert refused.code == 2 and refused.err.count("\n") == 1 and "Traceback" not in refused.err, refused.err
     assert "its job script job.sh is missing" in refused.err and "nothing was changed" in refused.err
     assert sorted(p.name for p in (exp.path / "runs").iterdir()) == ["0.interrupted", "0.started"]
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_logs_rank_picks_one_ranks_lines_and_a_rank_the_run_lacks_is_one_line(bertctl_home, world):
+    """A one-process run's lines carry no rank prefix: `--rank 0` printed nothing, silently (the README's
+    `bertctl logs last --run 0 --rank 0` on a local experiment)."""
+    exp = experiment(bertctl_home)
+    (exp.path / "run.yaml").write_text(f"world_size: {world}\n")
+    lines = ["training: 1 rank(s)\n", "step 10\n"] if world == 1 else ["[rank0]: step 10\n", "[rank1]: step 10\n"]
+    exp.log_file(0).parent.mkdir(parents=True, exist_ok=True)
+    exp.log_file(0).write_text("".join(lines))
+    shown = run_cli("logs", EXP, "--run", "0", "--rank", "0")
+    assert shown.code == 0 and shown.out == "".join(lines[:1] if world == 2 else lines), shown
+    refused = run_cli("logs", EXP, "--run", "0", "--rank", str(world))
+    assert refused.code == 2 and refused.err.count("\n") == 1
+    assert f"--rank: {world}: the runs have {world} rank(s), 0 to {world - 1}" in refused.err, refused.err

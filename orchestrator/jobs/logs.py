@@ -43,14 +43,18 @@ def line_filter(rank: int | None, grep: str | None) -> Callable[[str], bool]:
     return lambda line: of_rank(line) and bool(pattern.search(line))
 
 
-def show(exp: Experiment, run: int | None, rank: int | None, follow: bool, out: TextIO = sys.stdout,
+def show(exp: Experiment, run: int | None, rank: int | None, follow: bool, out: TextIO | None = None,
          grep: str | None = None, last: int | None = None) -> int:
     """Print run N's log (its last `last` matching lines), or with `follow` stream it until the run ends."""
+    out = out or sys.stdout  # looked up now: a default argument would keep the stdout of the first import
     run = default_run(exp) if run is None else run
     if not 0 <= run < exp.nexp:
         raise UserError(f"experiment has runs 0..{exp.nexp - 1}", where="--run", key=str(run))
     path = exp.log_file(run)
-    keep = line_filter(rank, grep)
+    ranks = status.world_size(exp)
+    if rank is not None and ranks is not None and not 0 <= rank < ranks:
+        raise UserError(f"the runs have {ranks} rank(s), 0 to {ranks - 1}", where="--rank", key=str(rank))
+    keep = line_filter(None if ranks == 1 else rank, grep)  # one process's lines carry no rank prefix
     if not follow:
         if not path.exists():
             raise UserError(f"run {run} has no log yet ({path})", where=exp.id)

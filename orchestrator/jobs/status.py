@@ -302,6 +302,12 @@ def run_identity(exp: Experiment, run: int) -> dict:
     return {"seed": exp.seeds[run], "run_index": run}
 
 
+def world_size(exp: Experiment) -> int | None:
+    """The ranks each run starts, as run.yaml says (None when it does not say)."""
+    ranks = _number(_run_config(exp).get("world_size"), int)
+    return ranks if ranks is not None and ranks >= 1 else None
+
+
 def _read_exit(path: Path) -> int | None:
     try:
         return int(read_regular_text(path, limit=64).strip())
