@@ -173,11 +173,27 @@ def drop(key: str):
     return edit
 
 
-def copy_of(source: str, target: str, seed: int, shift_ms: int, evaluations: int | None = None):
+def round_accuracies(digits: int):
+    """Every eval_accuracy rounded to `digits` decimal places, as a copier hiding a copy would write them."""
+    def edit(lines):
+        for i in keyed(lines, "eval_accuracy"):
+            lines[i] = with_field(lines[i], "value", repr(round(event_of(lines[i])["value"], digits)))
+        return lines
+    return edit
+
+
+def copy_of(source: str, target: str, seed: int, shift_ms: int, evaluations: int | None = None, digits: int | None = None,
+            first_left_out: bool = False):
     """`target` replaced by `source` with another seed, every time shifted; cut after `evaluations`
-    evaluations and stopped there (aborted) when given: a truncated copy."""
+    evaluations and stopped there (aborted) when given: a truncated copy; its accuracies rounded to
+    `digits` decimal places when given; its first eval_accuracy left out when asked."""
     def tell(folder: Path) -> None:
         lines = set_value("seed", seed)(lines_of(folder / source))
+        if digits is not None:
+            lines = round_accuracies(digits)(lines)
+        if first_left_out:
+            first = keyed(lines, "eval_accuracy")[0]
+            lines = lines[:first] + lines[first + 1:]
         if evaluations is not None:
             cut = keyed(lines, "eval_accuracy")[evaluations - 1]
             stop = with_field(lines[keyed(lines, "run_stop")[0]], "status", '"aborted"', "metadata")
@@ -203,6 +219,13 @@ LIES = [
         "result_9.txt and result_3.txt log the same 15 evaluation accuracies"),
     Lie("a truncated copy", copy_of("result_3.txt", "result_9.txt", 4242, 86_400_000, evaluations=9),
         "result_9.txt and result_3.txt log the same 9 evaluation accuracies"),
+    Lie("a copy with its accuracies rounded to 6 digits", copy_of("result_3.txt", "result_9.txt", 4242, 86_400_000, digits=6),
+        "result_9.txt and result_3.txt log the same 15 evaluation accuracies to 6 decimal places"),
+    Lie("a copy with its first evaluation left out",
+        copy_of("result_3.txt", "result_9.txt", 4242, 86_400_000, first_left_out=True),
+        "result_9.txt and result_3.txt log the same 14 evaluation accuracies"),
+    Lie("runs whose accuracies are not counted tokens in a set whose runs count them",
+        in_runs(round_accuracies(4)), "one implementation logs one accuracy format"),
     Lie("one run with another hyperparameter", in_runs(set_value("opt_lamb_beta_1", 0.7), runs=("result_5.txt",)),
         "values of opt_lamb_beta_1"),
     Lie("one run logged by another system with the same batch",

@@ -16,7 +16,9 @@ Per run (`run_findings`):
 
 Per set (`set_findings`): one system (platform, organisation, division), one recipe (every
 hyperparameter but the seed), no copies (two runs whose evaluation accuracies agree at every evaluation
-they share are one run). And `seeds`, the package checker's seed check: a seed in every run.
+they share, at the coarser of their logged decimal places, are one run), one accuracy format (counted
+tokens in every run or in at most half of them). And `seeds`, the package checker's seed check: a seed
+in every run.
 
 Each is a failure unless a published, accepted result shows it: then a warning naming that round and
 set (accepted.py). None of these is checked by the official tools.
@@ -128,10 +130,24 @@ def run_findings(summaries: list) -> Findings:
     return found
 
 
-def counted_accuracy(s, found: Findings) -> None:
+def _counted(s) -> tuple[list[tuple[int, float]], list[bool]]:
+    """The log's evaluations after the first samples (line, accuracy), and which are counts of correct tokens."""
     evals = [(line, acc) for line, (samples, acc) in zip(s.eval_lines, s.evals) if samples]
-    counted = [abs(acc * EVAL_MASKED_TOKENS - round(acc * EVAL_MASKED_TOKENS)) < COUNT_TOLERANCE for _, acc in evals]
-    if sum(counted) < max(COUNTED_MIN, COUNTED_SHARE * len(evals)) or all(counted):
+    return evals, [abs(acc * EVAL_MASKED_TOKENS - round(acc * EVAL_MASKED_TOKENS)) < COUNT_TOLERANCE for _, acc in evals]
+
+
+def counts_tokens(s) -> bool | None:
+    """Does the log write its accuracies as counts of correct tokens over 428,235 (most of them)? None for a
+    log of fewer than COUNTED_MIN evaluations."""
+    evals, counted = _counted(s)
+    if len(evals) < COUNTED_MIN:
+        return None
+    return sum(counted) >= max(COUNTED_MIN, COUNTED_SHARE * len(evals))
+
+
+def counted_accuracy(s, found: Findings) -> None:
+    evals, counted = _counted(s)
+    if not counts_tokens(s) or all(counted):
         return
     typed = [(line, acc) for (line, acc), c in zip(evals, counted) if not c]
     shown = ", ".join(f"{acc!r} (line {line})" for line, acc in typed[:3])
@@ -217,6 +233,7 @@ def set_findings(summaries: list) -> Findings:
     one_system(runs, found)
     one_recipe(runs, found)
     copies(runs, found)
+    one_accuracy_format(runs, found)
     return found
 
 
@@ -276,19 +293,55 @@ def one_recipe(runs: list, found: Findings) -> None:
             found.problems.append(why)
 
 
+def one_accuracy_format(runs: list, found: Findings) -> None:
+    """One implementation logs one accuracy format: where most runs' accuracies are counts of correct tokens
+    over the 428,235 masked tokens, every run's are (a run of another format was not evaluated as they were,
+    or was rewritten: a copy rounded, say)."""
+    counting = {name(s): counts_tokens(s) for s in runs}
+    counted = [run for run, c in counting.items() if c]
+    other = [run for run, c in counting.items() if c is False]
+    if other and len(counted) > len(counted + other) / 2:
+        found.problems.append(f"{', '.join(other[:4])}{', ...' if len(other) > 4 else ''} log accuracies that are not "
+                              f"counts of correct tokens over the evaluation set's {EVAL_MASKED_TOKENS:,} masked tokens, as "
+                              f"the other {len(counted)} runs' are: one implementation logs one accuracy format")
+
+
+def decimals(accuracy: float) -> int:
+    """The decimal places a logged accuracy has (its shortest text that reads back as the same number)."""
+    digits, _, exponent = repr(accuracy).partition("e")
+    return max(0, len(digits.partition(".")[2].rstrip("0")) - int(exponent or 0))
+
+
+def _shared_evaluations(a, b) -> list[tuple[float, float]]:
+    """Both runs' accuracies at the evaluations both logged: at the same epoch_num (samples trained) where
+    each log gives a distinct one at every evaluation and they share two or more, else in order."""
+    by_a, by_b = dict(a.evals), dict(b.evals)
+    if len(by_a) == len(a.evals) and len(by_b) == len(b.evals) and 0 not in by_a and 0 not in by_b:
+        common = sorted(set(by_a) & set(by_b))
+        if len(common) >= COPY_MIN_EVALS:
+            return [(by_a[n], by_b[n]) for n in common]
+    return [(x, y) for (_, x), (_, y) in zip(a.evals, b.evals)]
+
+
 def copies(runs: list, found: Findings) -> None:
+    """Two runs whose accuracies agree at every evaluation they share, to the coarser of their logged decimal
+    places (two or more, not all one value), are one run: a copy, truncated or rounded to hide it."""
+    places = [max((decimals(acc) for _, acc in s.evals), default=0) for s in runs]
     for i, a in enumerate(runs):
-        for b in runs[i + 1:]:
-            first, second = [acc for _, acc in a.evals], [acc for _, acc in b.evals]
-            shared = min(len(first), len(second))
-            if shared >= COPY_MIN_EVALS and first[:shared] == second[:shared] and len(set(first[:shared])) > 1:
-                why = (f"{name(b)} and {name(a)} log the same {shared} evaluation accuracies ({first[0]!r}, ..., "
-                       f"{first[shared - 1]!r}): one run counted twice, not two runs")
-                known = [accepted.accepted_log(s.sha256) for s in (a, b)]
-                if all(k and k.excuses(COPY_RULE) for k in known):
-                    found.set_warnings.append(known[0].warning(COPY_RULE, why))
-                else:
-                    found.problems.append(why)
+        for j in range(i + 1, len(runs)):
+            b, digits = runs[j], min(places[i], places[j])
+            shared = _shared_evaluations(a, b)
+            if (len(shared) < COPY_MIN_EVALS or any(round(x, digits) != round(y, digits) for x, y in shared)
+                    or len({round(x, digits) for x, _ in shared}) == 1):
+                continue
+            rounded = f" to {digits} decimal places" if digits < max(places[i], places[j]) else ""
+            why = (f"{name(b)} and {name(a)} log the same {len(shared)} evaluation accuracies{rounded} ({shared[0][0]!r}, ..., "
+                   f"{shared[-1][0]!r}): one run counted twice, not two runs")
+            known = [accepted.accepted_log(s.sha256) for s in (a, b)]
+            if all(k and k.excuses(COPY_RULE) for k in known):
+                found.set_warnings.append(known[0].warning(COPY_RULE, why))
+            else:
+                found.problems.append(why)
 
 
 def seeds(summaries: list, ruleset: str, division: str | None, found: Findings) -> None:
