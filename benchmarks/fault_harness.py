@@ -450,15 +450,15 @@ KILL_MOMENTS = ("while its trainer imports torch", "after its first progress win
                 "after its second evaluation")
 
 
-def local_cluster(work: Path, recipe: Path) -> Path:
-    """clusters/local.yaml running the recipe (as tests/test_local_resume.py makes it)."""
+def local_cluster(work: Path, recipe: Path, name: str = "fault_harness") -> Path:
+    """clusters/local.yaml running the recipe, as cluster `name` (work/NAME.yaml; tests/test_local_resume.py uses it)."""
     import yaml
 
     raw = yaml.safe_load((REPO / "clusters" / "local.yaml").read_text())
     run = yaml.safe_load(recipe.read_text())
     run.pop("world_size")
-    raw.update(name="fault_harness", prepare={}, run=run)
-    path = work / "fault_harness.yaml"
+    raw.update(name=name, prepare={}, run=run)
+    path = work / f"{name}.yaml"
     path.write_text(yaml.safe_dump(raw))
     return path
 

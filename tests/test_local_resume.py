@@ -12,9 +12,11 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 from conftest import REPO, STATUS_EVERY, run_bertctl, status_now, wait
 from synthetic import tiny_run_config
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+import fault_harness as harness  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -30,13 +32,7 @@ def recipe(tmp_path_factory) -> Path:
 
 
 def local_cluster(tmp: Path, recipe: Path) -> Path:
-    raw = yaml.safe_load((REPO / "clusters" / "local.yaml").read_text())
-    run = yaml.safe_load(recipe.read_text())
-    run.pop("world_size")
-    raw.update(name="local_resume", prepare={}, run=run)
-    path = tmp / "local_resume.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return path
+    return harness.local_cluster(tmp, recipe, "local_resume")
 
 
 def losses(folder: Path) -> list[float]:
